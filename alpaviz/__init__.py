@@ -1,0 +1,28 @@
+"""alpaviz: plan, see, pin, re-solve and launch parallel JAX training from a notebook.
+
+Example:
+    >>> import alpaviz as av
+    >>> train_step, params, batch = av.models.gpt()
+    >>> graph = av.trace(train_step, params, batch)
+"""
+
+from alpaviz import models as models
+from alpaviz.core import Cluster as Cluster
+from alpaviz.core import CostModel as CostModel
+from alpaviz.core import DeviceSpec as DeviceSpec
+from alpaviz.core import Link as Link
+from alpaviz.core import LogicalMesh as LogicalMesh
+from alpaviz.core import OpGraph as OpGraph
+from alpaviz.core import Pins as Pins
+from alpaviz.core import Plan as Plan
+from alpaviz.core import PlanFormatError as PlanFormatError
+from alpaviz.core import make_spec as make_spec
+from alpaviz.core import mark_layer as mark_layer
+from alpaviz.core import trace as trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "models", "Cluster", "CostModel", "DeviceSpec", "Link", "LogicalMesh", "OpGraph", "Pins",
+    "Plan", "PlanFormatError", "make_spec", "mark_layer", "trace",
+]

@@ -1,0 +1,34 @@
+"""Command line: `python -m alpaviz demo` and `python -m alpaviz serve`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _use_virtual_cpu_devices(count: int) -> None:
+    """Ask XLA for `count` CPU devices; effective until the first JAX computation."""
+    if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+        return
+    flag = f"--xla_force_host_platform_device_count={count}"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="alpaviz", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="auto-parallelize the default GPT and write an HTML report")
+    demo.add_argument("--devices", type=int, default=8, help="virtual CPU devices for the launch")
+    demo.add_argument("--report", default="demo_report.html", help="where to write the report")
+    args = parser.parse_args(argv)
+    _use_virtual_cpu_devices(getattr(args, "devices", 8))
+    if args.command == "demo":
+        from alpaviz._demo import run_demo
+
+        return run_demo(devices=args.devices, report_path=args.report)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""alpaviz.core: the compiler passes, the plan data model and the runtime.
+
+This module only re-exports; each concept lives in one private module.
+"""
+
+from alpaviz.core._cluster import AXIS_NAMES as AXIS_NAMES
+from alpaviz.core._cluster import Cluster as Cluster
+from alpaviz.core._cluster import DeviceSpec as DeviceSpec
+from alpaviz.core._cluster import Link as Link
+from alpaviz.core._cluster import LogicalMesh as LogicalMesh
+from alpaviz.core._cost_model import CostModel as CostModel
+from alpaviz.core._cost_model import CostModelProtocol as CostModelProtocol
+from alpaviz.core._graph import OpGraph as OpGraph
+from alpaviz.core._graph import OpNode as OpNode
+from alpaviz.core._graph import TensorInfo as TensorInfo
+from alpaviz.core._markers import mark_layer as mark_layer
+from alpaviz.core._pins import Pins as Pins
+from alpaviz.core._plan import SCHEMA_VERSION as SCHEMA_VERSION
+from alpaviz.core._plan import Layer as Layer
+from alpaviz.core._plan import Plan as Plan
+from alpaviz.core._plan import PredictedCost as PredictedCost
+from alpaviz.core._plan import Schedule as Schedule
+from alpaviz.core._plan import SolverInfo as SolverInfo
+from alpaviz.core._plan import Stage as Stage
+from alpaviz.core._plan import StageCost as StageCost
+from alpaviz.core._plan import graph_fingerprint as graph_fingerprint
+from alpaviz.core._serde import PlanFormatError as PlanFormatError
+from alpaviz.core._spec import Spec as Spec
+from alpaviz.core._spec import make_spec as make_spec
+from alpaviz.core._spec import spec_name as spec_name
+from alpaviz.core._spec import to_partition_spec as to_partition_spec
+from alpaviz.core._trace import trace as trace
+
+__all__ = [
+    "AXIS_NAMES", "Cluster", "DeviceSpec", "Link", "LogicalMesh", "CostModel", "CostModelProtocol",
+    "OpGraph", "OpNode", "TensorInfo", "mark_layer", "Pins", "SCHEMA_VERSION", "Layer", "Plan",
+    "PredictedCost", "Schedule", "SolverInfo", "Stage", "StageCost", "graph_fingerprint",
+    "PlanFormatError", "Spec", "make_spec", "spec_name", "to_partition_spec", "trace",
+]

@@ -1,0 +1,168 @@
+"""The operator graph: a frozen DAG of primitive applications and tensors.
+
+Solvers read only the plain fields (names, shapes, FLOPs, params).  The
+runtime additionally needs the JAX primitive and its raw params to execute a
+sub-graph; those live in fields excluded from equality and serialisation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from functools import cached_property
+from typing import Any, Iterable, Literal, Mapping
+
+import numpy as np
+
+Role = Literal["forward", "backward", "update"]
+TensorKind = Literal["input", "constant", "intermediate"]
+
+ROLES: tuple[Role, ...] = ("forward", "backward", "update")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """One value in the graph: a graph input, a constant, or an op output."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    kind: TensorKind
+    producer: str | None = None
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class OpNode:
+    """One primitive application.
+
+    `params` holds the primitive's parameters converted to plain data (ints,
+    strings, tuples) so that strategy enumeration can read them without JAX.
+    """
+
+    name: str
+    index: int
+    primitive: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: tuple[tuple[str, Any], ...]
+    flops: float
+    bytes_read: int
+    bytes_written: int
+    role: Role
+    layer: int
+    scope: str = ""
+    note: str = ""
+    # Raw JAX objects for the runtime; not compared, hashed or serialised.
+    jax_primitive: Any = dataclasses.field(default=None, compare=False, repr=False)
+    jax_params: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def param(self, key: str, default: Any = None) -> Any:
+        """Return one plain-data parameter of the primitive."""
+        for name, value in self.params:
+            if name == key:
+                return value
+        return default
+
+
+@dataclasses.dataclass(frozen=True)
+class OpGraph:
+    """A traced training step: nodes in topological order and their tensors.
+
+    `inputs` are the flattened arguments of the traced function (pytree
+    order, named by key path), `outputs` its flattened results.
+    """
+
+    name: str
+    nodes: tuple[OpNode, ...]
+    tensors: tuple[TensorInfo, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    num_layers: int
+    # pytree structures and constant values, for the runtime only.
+    in_tree: Any = dataclasses.field(default=None, compare=False, repr=False)
+    out_tree: Any = dataclasses.field(default=None, compare=False, repr=False)
+    constants: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    @cached_property
+    def node_by_name(self) -> Mapping[str, OpNode]:
+        return {node.name: node for node in self.nodes}
+
+    @cached_property
+    def tensor_by_name(self) -> Mapping[str, TensorInfo]:
+        return {tensor.name: tensor for tensor in self.tensors}
+
+    @cached_property
+    def consumers(self) -> Mapping[str, tuple[str, ...]]:
+        """Tensor name -> names of the nodes that read it."""
+        readers: dict[str, list[str]] = {t.name: [] for t in self.tensors}
+        for node in self.nodes:
+            for name in dict.fromkeys(node.inputs):
+                readers[name].append(node.name)
+        return {name: tuple(users) for name, users in readers.items()}
+
+    def node(self, name: str) -> OpNode:
+        try:
+            return self.node_by_name[name]
+        except KeyError:
+            raise KeyError(f"no operator named {name!r} in graph {self.name!r}") from None
+
+    def tensor(self, name: str) -> TensorInfo:
+        try:
+            return self.tensor_by_name[name]
+        except KeyError:
+            raise KeyError(f"no tensor named {name!r} in graph {self.name!r}") from None
+
+    @property
+    def total_flops(self) -> float:
+        return float(sum(node.flops for node in self.nodes))
+
+    def flops_by_primitive(self) -> dict[str, float]:
+        totals: Counter[str] = Counter()
+        for node in self.nodes:
+            totals[node.primitive] += node.flops
+        return dict(totals)
+
+    def flops_by_role(self) -> dict[str, float]:
+        totals = {role: 0.0 for role in ROLES}
+        for node in self.nodes:
+            totals[node.role] += node.flops
+        return totals
+
+    def nodes_in_layers(self, layers: Iterable[int]) -> tuple[OpNode, ...]:
+        wanted = set(layers)
+        return tuple(node for node in self.nodes if node.layer in wanted)
+
+    def layer_flops(self) -> tuple[float, ...]:
+        totals = [0.0] * self.num_layers
+        for node in self.nodes:
+            totals[node.layer] += node.flops
+        return tuple(totals)
+
+    def with_layers(self, layer_of_node: Mapping[str, int]) -> "OpGraph":
+        """Return a copy whose nodes carry a new layer assignment."""
+        nodes = tuple(dataclasses.replace(n, layer=layer_of_node[n.name]) for n in self.nodes)
+        num_layers = max(layer_of_node.values(), default=-1) + 1
+        return dataclasses.replace(self, nodes=nodes, num_layers=num_layers)
+
+    def summary(self) -> str:
+        """A short human-readable table: operators per primitive and FLOPs per role."""
+        counts = Counter(node.primitive for node in self.nodes)
+        flops = self.flops_by_primitive()
+        lines = [
+            f"OpGraph {self.name!r}: {len(self.nodes)} operators, {len(self.tensors)} tensors, "
+            f"{len(self.inputs)} inputs, {self.num_layers} layers, {self.total_flops:.4g} FLOPs",
+            "  " + ", ".join(f"{role} {value:.3g}" for role, value in self.flops_by_role().items()),
+            f"  {'primitive':<24}{'count':>8}{'FLOPs':>14}",
+        ]
+        for prim, count in counts.most_common():
+            lines.append(f"  {prim:<24}{count:>8}{flops[prim]:>14.4g}")
+        return "\n".join(lines)

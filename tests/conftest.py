@@ -1,0 +1,11 @@
+"""Every test runs JAX on 8 virtual CPU devices; the flag must be set before jax is imported."""
+
+import os
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+

@@ -1,0 +1,72 @@
+import pytest
+
+import alpaviz as av
+
+
+@pytest.fixture
+def cluster():
+    return av.Cluster(
+        num_hosts=2,
+        devices_per_host=4,
+        device=av.DeviceSpec("toy", peak_flops=100e12, memory_bytes=16e9, memory_bandwidth=1e12),
+        intra_host=av.Link(alpha_s=1e-6, bandwidth_bytes_per_s=100e9),
+        inter_host=av.Link(alpha_s=1e-5, bandwidth_bytes_per_s=10e9),
+    )
+
+
+def test_collectives_match_alpha_beta_by_hand(cluster):
+    cm = av.CostModel()
+    mesh = cluster.logical_mesh((2, 4), (2, 4))
+    nbytes = 8e6
+    # Axis 1 stays in a host (4 devices, 100 GB/s); axis 0 crosses hosts (2 devices, 10 GB/s).
+    assert cm.all_reduce(nbytes, mesh, 1) == pytest.approx(1e-6 + 2 * 3 / 4 * 8e6 / 100e9)
+    assert cm.all_gather(nbytes, mesh, 1) == pytest.approx(1e-6 + 3 / 4 * 8e6 / 100e9)
+    assert cm.reduce_scatter(nbytes, mesh, 0) == pytest.approx(1e-5 + 1 / 2 * 8e6 / 10e9)
+    assert cm.all_to_all(nbytes, mesh, 1) == pytest.approx(1e-6 + 3 / 16 * 8e6 / 100e9)
+    # Both axes: 8 devices bound by the slower inter-host link.
+    assert cm.all_reduce(nbytes, mesh, (0, 1)) == pytest.approx(1e-5 + 2 * 7 / 8 * 8e6 / 10e9)
+    assert cm.send_recv(nbytes, cluster.inter_host) == pytest.approx(1e-5 + 8e6 / 10e9)
+
+
+def test_collective_on_one_device_is_free(cluster):
+    cm = av.CostModel()
+    mesh = cluster.logical_mesh((1, 4), (4, 1))
+    assert cm.all_reduce(1e9, mesh, 1) == 0.0
+    assert cm.all_gather(0, mesh, 0) == 0.0
+
+
+def test_compute_time_is_roofline(cluster):
+    cm = av.CostModel(compute_efficiency=0.5, memory_efficiency=1.0)
+    dev = cluster.device
+    assert cm.compute_time(1e12, 1e3, dev) == pytest.approx(1e12 / 50e12)
+    assert cm.compute_time(1e3, 1e9, dev) == pytest.approx(1e9 / 1e12)
+    with pytest.raises(ValueError, match="compute_efficiency"):
+        av.CostModel(compute_efficiency=0)
+
+
+def test_submeshes_and_logical_shapes_follow_alpa(cluster):
+    assert cluster.submesh_shapes() == ((1, 1), (1, 2), (1, 4), (2, 4))
+    assert cluster.logical_shapes((2, 4)) == ((8, 1), (4, 2), (2, 4))
+    mesh = cluster.logical_mesh((1, 2), (1, 2), first_device=4)
+    assert mesh.device_ids == (4, 5)
+    assert mesh.axis_links == (cluster.intra_host, cluster.intra_host)
+    cross = cluster.logical_mesh((2, 4), (4, 2))
+    assert cross.axis_links[0] == cluster.inter_host and cross.axis_links[1] == cluster.intra_host
+
+
+def test_bad_cluster_inputs_are_explained(cluster):
+    with pytest.raises(ValueError, match="must use all 4 devices"):
+        cluster.validate_submesh((2, 2))
+    with pytest.raises(ValueError, match="not a view of submesh"):
+        cluster.logical_mesh((1, 4), (2, 4))
+    with pytest.raises(ValueError, match="runs past"):
+        cluster.logical_mesh((1, 4), first_device=6)
+    with pytest.raises(ValueError, match="bandwidth"):
+        av.Link(alpha_s=0, bandwidth_bytes_per_s=0)
+
+
+def test_presets():
+    assert av.Cluster.a100_node(2).num_devices == 16
+    assert av.Cluster.h100_node().device.memory_bytes == 80e9
+    local = av.Cluster.local()
+    assert local.num_devices == 8
