@@ -22,7 +22,15 @@ from alpaviz.core import trace as trace
 
 __version__ = "0.1.0"
 
+
+def editor(*args, **kwargs):
+    """Open the visual plan editor (`alpaviz.widgets.editor`); the UI stack is imported on first use."""
+    from alpaviz.widgets import editor as _editor
+
+    return _editor(*args, **kwargs)
+
+
 __all__ = [
     "models", "Cluster", "CostModel", "DeviceSpec", "Link", "LogicalMesh", "OpGraph", "Pins",
-    "Plan", "PlanFormatError", "make_spec", "mark_layer", "trace",
+    "Plan", "PlanFormatError", "editor", "make_spec", "mark_layer", "trace",
 ]

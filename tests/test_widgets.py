@@ -1,0 +1,125 @@
+"""The ipywidgets editor driven through its own event path (button clicks, dropdown values), no kernel."""
+
+import pytest
+from test_view_model import hand_plan, hand_solver, tiny_graph
+
+import alpaviz as av
+from alpaviz.widgets import PlanEditor
+from alpaviz.widgets._editor import SOLVER_CHOICE
+from alpaviz.widgets._session import EditorSession
+
+
+def _editor(cuts=(2,), solver=hand_solver, strategy_names=None):
+    graph = tiny_graph()
+    return PlanEditor(EditorSession(graph, hand_plan(graph, cuts=cuts), solver=solver), strategy_names)
+
+
+def test_clicking_a_gap_pins_a_cut_and_resolve_honours_it():
+    ed = _editor()
+    assert ed.session.plan.stage_cuts == (2,)
+    assert "cuts at layers: 2" in ed.headline.value
+    ed.cut_buttons[1].click()
+    assert ed.session.pins.stage_cuts == (1,)
+    assert "pinned cut" in ed.cut_buttons[1].description  # the cut row redrew from the new pins
+    ed.resolve_button.click()
+    assert ed.session.plan.stage_cuts == (1,)
+    assert "cuts at layers: 1 " in ed.headline.value
+    assert ed.cut_buttons[1].button_style == "danger" and ed.cut_buttons[2].button_style == ""
+    assert ed.progress.bar_style == "success"
+    # the layer-level graph is recoloured: layer 1 now starts stage 1
+    node_colours = ed.graph_figure.data[1].marker.color
+    assert node_colours[0] != node_colours[1] and node_colours[1] == node_colours[2]
+    # the cost panel compares against the previous plan
+    assert "vs previous plan" in ed.cost_figure.layout.title.text
+
+
+def test_second_and_third_click_cycle_no_cut_then_free():
+    ed = _editor()
+    ed.cut_buttons[2].click()
+    ed.cut_buttons[2].click()
+    assert ed.session.pins.forbidden_cuts == (2,)
+    ed.resolve_button.click()
+    assert 2 not in ed.session.plan.stage_cuts
+    ed.cut_buttons[2].click()
+    assert ed.session.pins.is_empty
+
+
+def test_submesh_dropdown_pins_and_infeasible_pin_is_explained():
+    ed = _editor()
+    dropdown = ed.submesh_dropdowns[0]
+    dropdown.value = ((1, 8), (8, 1))
+    assert ed.session.pins.submesh_map == {0: (1, 8)}
+    good = ed.session.plan
+    ed.resolve_button.click()  # two stages cannot both fit next to an 8-device stage on 8 devices
+    ed.submesh_dropdowns[1].value = ((1, 8), (8, 1))
+    ed.resolve_button.click()
+    assert "infeasible" in ed.status.value and "#b00020" in ed.status.value
+    assert ed.progress.bar_style == "danger"
+    assert ed.session.plan.stages[0].submesh == (1, 8)  # the first re-solve's plan is still shown
+    assert ed.session.plan is not good
+    ed.reset_button.click()
+    assert ed.session.pins.is_empty and ed.submesh_dropdowns[0].value is None
+
+
+def test_strategy_dropdown_pins_a_strategy_and_tensor_picker_draws_the_mesh():
+    ed = _editor(strategy_names=lambda graph, node, mesh: ("RR = RS x SR @ {0} (allreduce @ 0)", "SR = SR x RR"))
+    node = ed.op_select.value
+    assert node is not None and ed.strategy_select.value == SOLVER_CHOICE
+    ed.strategy_select.value = "SR = SR x RR"
+    assert ed.session.pins.strategy_map == {node: "SR = SR x RR"}
+    assert ed.strategy_select.value == "SR = SR x RR" and ed.op_select.value == node
+    ed.strategy_select.value = SOLVER_CHOICE
+    assert ed.session.pins.strategy_map == {}
+    ed.tensor_select.value = "stage 0: params.wte"
+    assert "params.wte" in ed.mesh_picture.value and "dev 3 [48:64, 0:32]" in ed.mesh_picture.value
+
+
+def test_graph_level_toggle_expands_one_layer():
+    ed = _editor()
+    assert len(ed.graph_figure.data[1].x) == tiny_graph().num_layers
+    ed.graph_level.value = "op"
+    ed.graph_layer.value = 1
+    keys = ed.graph_figure.data[1].customdata
+    assert len(keys) > 10 and {tiny_graph().node(k).layer for k in keys} == {1}
+
+
+def test_whatif_controls_replan():
+    ed = _editor()
+    ed.microbatches.value = 16
+    assert ed.session.plan.schedule.num_microbatches == 16
+    ed.hosts.value = 2
+    ed.preset.value = "h100"
+    assert ed.session.plan.cluster.num_devices == 16 and ed.session.plan.cluster.device.name == "H100-80GB"
+    ed.inter_bw.value = 1.0
+    assert ed.session.plan.cluster.inter_host.bandwidth_bytes_per_s == pytest.approx(1e9)
+
+
+def test_missing_solver_and_launch_show_messages_not_tracebacks():
+    graph = tiny_graph()
+    session = EditorSession(graph, hand_plan(graph), solver=hand_solver)
+    session.solver = None
+    ed = PlanEditor(session)
+    ed.resolve_button.click()
+    assert "Re-solve not available" in ed.status.value
+    ed.launch_button.click()
+    assert "Launch" in ed.status.value and ed.session.plan.stage_cuts == (2,)
+
+
+def test_save_and_load_buttons(tmp_path):
+    ed = _editor()
+    ed.path.value = str(tmp_path / "p.json")
+    ed.cut_buttons[3].click()
+    ed.save_button.click()
+    assert "saved" in ed.status.value
+    other = _editor(cuts=(1,))
+    other.path.value = ed.path.value
+    other.load_button.click()
+    assert other.session.plan.stage_cuts == (2,) and other.session.pins.stage_cuts == (3,)
+    assert "pinned cut" in other.cut_buttons[3].description
+
+
+def test_editor_facade_on_a_plan_needs_a_graph():
+    with pytest.raises(ValueError, match="needs the graph"):
+        av.editor(hand_plan(tiny_graph()))
+    ed = av.editor(hand_plan(tiny_graph()), graph=tiny_graph(), solver=hand_solver)
+    assert isinstance(ed, PlanEditor) and ed.session.plan.stage_cuts == (2,)

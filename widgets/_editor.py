@@ -1,0 +1,299 @@
+"""The ipywidgets plan editor: linked views of one `EditorSession`.
+
+Every control calls a session action; the session notifies and all views
+are redrawn from a fresh view model, so no view holds state of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from alpaviz.core import OpGraph, Plan
+from alpaviz.widgets import _figures as F
+from alpaviz.widgets import _view_model as vm
+from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, default_strategy_names
+
+SOLVER_CHOICE = "(solver's choice)"
+
+
+def _replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
+    with widget.batch_update():
+        widget.data = ()
+        widget.add_traces(list(fig.data))
+        widget.layout = fig.layout
+
+
+class PlanEditor(W.VBox):
+    """Operator graph, stage cuts, sharding, pipeline timeline and cost of a plan, with pins.
+
+    Example:
+        >>> ed = av.editor(train_step, params, batch, cluster=av.Cluster.a100_node(1))
+        >>> ed   # in a notebook; ed.session.plan is the plan shown
+    """
+
+    def __init__(self, session: EditorSession, strategy_names: Callable[..., tuple[str, ...]] | None = None):
+        self.session = session
+        self._strategy_names = strategy_names or default_strategy_names()
+        self._syncing = False
+        self.headline = W.HTML()
+        self.status = W.HTML()
+        self.progress = W.IntProgress(value=0, min=0, max=1, description="solve", layout=W.Layout(width="240px"))
+        # operator graph
+        self.graph_level = W.ToggleButtons(options=[("layers", "layer"), ("operators", "op")], value="layer")
+        self.graph_layer = W.Dropdown(description="layer", options=[("all", -1)], value=-1)
+        self.graph_figure = go.FigureWidget()
+        # stage cuts and submeshes
+        self.cut_row = W.HBox(layout=W.Layout(flex_flow="row wrap"))
+        self.cut_buttons: dict[int, W.Button] = {}
+        self.submesh_box = W.VBox()
+        self.submesh_dropdowns: dict[int, W.Dropdown] = {}
+        # sharding
+        self.tensor_select = W.Dropdown(description="tensor", layout=W.Layout(width="480px"))
+        self.mesh_picture = W.HTML()
+        self.op_select = W.Dropdown(description="operator", layout=W.Layout(width="480px"))
+        self.strategy_select = W.Dropdown(description="strategy", layout=W.Layout(width="480px"))
+        # timeline and cost
+        self.timeline_figure = go.FigureWidget()
+        self.cost_figure = go.FigureWidget()
+        # buttons
+        self.resolve_button = W.Button(description="Re-solve", button_style="primary", icon="refresh")
+        self.reset_button = W.Button(description="Reset pins")
+        self.launch_steps = W.BoundedIntText(value=3, min=1, max=1000, description="steps", layout=W.Layout(width="140px"))
+        self.launch_button = W.Button(description="Launch", button_style="success")
+        self.path = W.Text(value="plan.json", description="file", layout=W.Layout(width="260px"))
+        self.save_button = W.Button(description="Save plan")
+        self.load_button = W.Button(description="Load plan")
+        # what-if
+        w = session.whatif
+        self.microbatches = W.BoundedIntText(value=w.num_microbatches, min=1, max=4096, description="microbatches")
+        self.schedule = W.Dropdown(options=["1f1b", "gpipe"], value=w.schedule, description="schedule")
+        self.preset = W.Dropdown(options=[("(current)", "")] + [(k, k) for k in PRESETS], value="", description="cluster")
+        self.hosts = W.BoundedIntText(value=w.cluster.num_hosts, min=1, max=512, description="hosts")
+        self.intra_bw = W.BoundedFloatText(value=w.cluster.intra_host.bandwidth_bytes_per_s / 1e9, min=1e-3,
+                                           max=1e5, description="intra GB/s")
+        self.inter_bw = W.BoundedFloatText(value=w.cluster.inter_host.bandwidth_bytes_per_s / 1e9, min=1e-3,
+                                           max=1e5, description="inter GB/s")
+        self._wire()
+        super().__init__(self._layout())
+        session.on_change(self.refresh)
+        self.refresh()
+
+    # ---- layout and wiring --------------------------------------------------
+    def _layout(self) -> list[W.Widget]:
+        section = lambda title: W.HTML(f"<b>{title}</b>")  # noqa: E731
+        return [
+            W.HBox([self.headline]), W.HBox([self.status, self.progress]),
+            W.HBox([self.resolve_button, self.reset_button, self.launch_steps, self.launch_button,
+                    self.path, self.save_button, self.load_button]),
+            section("What if"),
+            W.HBox([self.microbatches, self.schedule, self.preset]),
+            W.HBox([self.hosts, self.intra_bw, self.inter_bw]),
+            section("Stage cuts (click a gap: pin cut / pin no-cut / free)"), self.cut_row, self.submesh_box,
+            section("Operator graph"), W.HBox([self.graph_level, self.graph_layer]), self.graph_figure,
+            section("Sharding"), W.HBox([self.tensor_select]), self.mesh_picture,
+            W.HBox([self.op_select, self.strategy_select]),
+            section("Pipeline"), self.timeline_figure,
+            section("Cost"), self.cost_figure,
+        ]
+
+    def _wire(self) -> None:
+        s = self.session
+        self.resolve_button.on_click(lambda _: self.resolve())
+        self.reset_button.on_click(lambda _: s.reset_pins())
+        self.launch_button.on_click(lambda _: s.launch(self.launch_steps.value))
+        self.save_button.on_click(lambda _: s.save(self.path.value))
+        self.load_button.on_click(lambda _: s.load(self.path.value))
+        self.graph_level.observe(lambda _: self._draw_graph(), "value")
+        self.graph_layer.observe(lambda _: self._draw_graph(), "value")
+        self.tensor_select.observe(lambda _: self._draw_mesh(), "value")
+        self.op_select.observe(lambda _: self._fill_strategies(), "value")
+        self.strategy_select.observe(self._on_strategy, "value")
+        for control in (self.microbatches, self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw):
+            control.observe(self._on_whatif, "value")
+
+    # ---- actions -------------------------------------------------------------
+    def resolve(self) -> None:
+        """Re-solve with a progress bar; the session keeps the old plan if it fails."""
+        self.progress.bar_style, self.progress.value = "info", 0
+        outcome = self.session.resolve()
+        self.progress.value = 1
+        self.progress.bar_style = "success" if outcome.ok else "danger"
+
+    def _on_cut(self, layer: int) -> None:
+        self.session.toggle_cut(layer)
+
+    def _on_submesh(self, stage: int, change: dict[str, Any]) -> None:
+        if not self._syncing:
+            self.session.pin_submesh(stage, change["new"])
+
+    def _on_strategy(self, change: dict[str, Any]) -> None:
+        if self._syncing or self.op_select.value is None:
+            return
+        value = change["new"]
+        self.session.pin_strategy(self.op_select.value, None if value == SOLVER_CHOICE else value)
+
+    def _on_whatif(self, _change: dict[str, Any]) -> None:
+        if self._syncing:
+            return
+        try:
+            w = WhatIf(self.microbatches.value, self.schedule.value, self.session.whatif.cluster)
+            if self.preset.value:
+                w = w.with_preset(self.preset.value, self.hosts.value)
+            w = w.with_bandwidths(self.intra_bw.value, self.inter_bw.value)
+        except ValueError as err:
+            self.status.value = self._message(False, str(err))
+            return
+        self.session.set_whatif(w)
+
+    # ---- drawing -------------------------------------------------------------
+    @staticmethod
+    def _message(ok: bool, text: str) -> str:
+        import html
+
+        colour = "#2a7a2a" if ok else "#b00020"
+        style = "" if ok else ' style="color:#b00020"'
+        return f'<span style="color:{colour}"><b{style}>{html.escape(text)}</b></span>'
+
+    def refresh(self) -> None:
+        """Redraw every view from the session's plan and pins."""
+        s = self.session
+        self._syncing = True
+        try:
+            self.headline.value = f"<b>{vm.plan_headline(s.plan)}</b>"
+            self.status.value = self._message(s.ok, s.message)
+            self._draw_cuts()
+            self._draw_submeshes()
+            self._draw_graph()
+            self._fill_sharding()
+            self._draw_timeline()
+            _replace_figure(self.cost_figure, F.cost_figure(vm.cost_view(s.plan, s.previous)))
+        finally:
+            self._syncing = False
+
+    def _draw_cuts(self) -> None:
+        plan, pins = self.session.plan, self.session.pins
+        stage_of = {layer: st.index for st in plan.stages for layer in st.layers}
+        children: list[W.Widget] = []
+        self.cut_buttons = {}
+        for layer in range(len(plan.layers)):
+            if layer:
+                slot = vm.cut_slots(plan, pins)[layer - 1]
+                button = W.Button(
+                    description=slot.label, tooltip=f"gap before layer {layer}",
+                    button_style="danger" if slot.is_cut else "", icon="thumb-tack" if slot.pinned else "",
+                    layout=W.Layout(width="auto"),
+                )
+                button.on_click(lambda _, l=layer: self._on_cut(l))
+                self.cut_buttons[layer] = button
+                children.append(button)
+            children.append(W.HTML(
+                f'<div style="background:{F.stage_colour(stage_of.get(layer, 0))};color:white;padding:4px 8px;'
+                f'border-radius:3px">L{layer}</div>'))
+        self.cut_row.children = children
+
+    def _draw_submeshes(self) -> None:
+        rows, self.submesh_dropdowns = [], {}
+        for band in vm.stage_bands(self.session.plan, self.session.pins):
+            options = [(SOLVER_CHOICE, None)] + [(vm.submesh_option_label(*o), o) for o in band.submesh_options]
+            pinned = (band.pinned_submesh, self.session.pins.logical_mesh_map.get(band.index))
+            value = pinned if pinned in [o for _, o in options] else None
+            dropdown = W.Dropdown(options=options, value=value, description=f"stage {band.index}")
+            dropdown.observe(lambda change, i=band.index: self._on_submesh(i, change), "value")
+            self.submesh_dropdowns[band.index] = dropdown
+            rows.append(W.HBox([dropdown, W.HTML(band.label)]))
+        self.submesh_box.children = rows
+
+    def _draw_graph(self) -> None:
+        s = self.session
+        options = [("all", -1)] + [(f"L{i}", i) for i in range(s.graph.num_layers)]
+        if list(self.graph_layer.options) != options:
+            self.graph_layer.options = options
+        if self.graph_level.value == "layer":
+            view = vm.layer_graph_view(s.graph, s.plan)
+        else:
+            layer = self.graph_layer.value
+            view = vm.op_graph_view(s.graph, s.plan, None if layer in (-1, None) else [layer])
+        _replace_figure(self.graph_figure, F.graph_figure(view))
+
+    def _fill_sharding(self) -> None:
+        s = self.session
+        self._rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins)}
+        keep = self.tensor_select.value
+        self.tensor_select.options = list(self._rows)
+        self.tensor_select.value = keep if keep in self._rows else next(iter(self._rows), None)
+        self._draw_mesh()
+        names = self._strategy_names
+
+        def options_for(node: str, stage) -> tuple[str, ...]:
+            if names is None:
+                return ()
+            try:
+                return tuple(names(s.graph, node, stage.logical_mesh))
+            except Exception:  # an operator the strategy table does not know: offer its current one
+                return ()
+
+        self._strategies = {r.node: r for r in vm.strategy_rows(s.graph, s.plan, s.pins, options_for)}
+        keep = self.op_select.value
+        self.op_select.options = [(f"{n} (stage {r.stage})", n) for n, r in self._strategies.items()]
+        self.op_select.value = keep if keep in self._strategies else next(iter(self._strategies), None)
+        self._fill_strategies()
+
+    def _draw_mesh(self) -> None:
+        row = self._rows.get(self.tensor_select.value) if hasattr(self, "_rows") else None
+        self.mesh_picture.value = F.mesh_html(row) if row is not None and row.blocks else "<i>no sharding</i>"
+
+    def _fill_strategies(self) -> None:
+        row = self._strategies.get(self.op_select.value) if hasattr(self, "_strategies") else None
+        syncing, self._syncing = self._syncing, True
+        try:
+            if row is None:
+                self.strategy_select.options, self.strategy_select.value = [SOLVER_CHOICE], SOLVER_CHOICE
+                return
+            self.strategy_select.options = [SOLVER_CHOICE, *row.options]
+            self.strategy_select.value = row.pinned or SOLVER_CHOICE
+        finally:
+            self._syncing = syncing
+
+    def _draw_timeline(self) -> None:
+        s = self.session
+        try:
+            predicted = vm.gantt_bars(s.predicted_timeline())
+        except Exception:  # a simulator failure must not hide the rest of the editor
+            predicted = ()
+        _replace_figure(self.timeline_figure, F.gantt_figure(predicted, vm.gantt_bars(s.measured)))
+
+
+def editor(fn_or_plan: Callable[..., Any] | Plan, *args: Any, cluster=None, graph: OpGraph | None = None,
+           solver=None, **solve_options: Any) -> PlanEditor:
+    """Open the visual plan editor on a training step (solved here) or on an existing plan.
+
+    Example:
+        >>> ed = av.editor(train_step, params, batch, cluster=av.Cluster.a100_node(1), num_microbatches=4)
+        >>> ed = av.editor(plan, graph=graph)
+    """
+    from alpaviz.core import trace
+
+    step_fn = None
+    if isinstance(fn_or_plan, Plan):
+        plan = fn_or_plan
+        if graph is None:
+            if not args:
+                raise ValueError("av.editor(plan) needs the graph: pass graph=... or the training step and its "
+                                 "arguments, av.editor(plan, train_step, params, batch)")
+            step_fn, args = args[0], args[1:]
+            graph = trace(step_fn, *args)
+    else:
+        plan, step_fn = None, fn_or_plan
+        graph = graph or trace(fn_or_plan, *args)
+    whatif = None
+    if plan is None:
+        from alpaviz.core import Cluster
+
+        whatif = WhatIf(solve_options.pop("num_microbatches", 4), solve_options.pop("schedule", "1f1b"),
+                        cluster or Cluster.a100_node(1))
+    session = EditorSession(graph, plan, whatif=whatif, solver=solver, solve_options=solve_options,
+                            step_fn=step_fn, example_args=args)
+    return PlanEditor(session)

@@ -1,0 +1,120 @@
+"""Plotly figures and small HTML pictures drawn from the view model (no state, no widgets)."""
+
+from __future__ import annotations
+
+import html
+from typing import Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from alpaviz.widgets._view_model import CostView, GanttBar, GraphView, ShardingRow, node_size
+
+PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6")
+KIND_COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "update": "#54A24B"}
+
+
+def stage_colour(stage: int) -> str:
+    return PALETTE[stage % len(PALETTE)]
+
+
+def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    fig.update_layout(title=title, height=height, margin=dict(l=40, r=10, t=40, b=30), showlegend=False,
+                      plot_bgcolor="white")
+    return fig
+
+
+def graph_figure(view: GraphView) -> go.Figure:
+    """Nodes coloured by stage and sized by FLOPs; hover shows shapes, strategy and cost."""
+    xs: list[float | None] = []
+    ys: list[float | None] = []
+    for a, b in view.edges:
+        na, nb = view.nodes[a], view.nodes[b]
+        xs += [na.x, nb.x, None]
+        ys += [na.y, nb.y, None]
+    biggest = max((n.flops for n in view.nodes), default=0.0)
+    edge_trace = go.Scatter(x=xs, y=ys, mode="lines", line=dict(width=0.6, color="#BBBBBB"), hoverinfo="skip")
+    node_trace = go.Scatter(
+        x=[n.x for n in view.nodes], y=[n.y for n in view.nodes],
+        mode="markers+text" if view.level == "layer" else "markers",
+        text=[n.label for n in view.nodes], textposition="top center",
+        hovertext=[n.hover for n in view.nodes], hoverinfo="text",
+        customdata=[n.key for n in view.nodes],
+        marker=dict(size=[node_size(n.flops, biggest) for n in view.nodes],
+                    color=[stage_colour(n.stage) for n in view.nodes], line=dict(width=0.5, color="#333")),
+    )
+    fig = go.Figure([edge_trace, node_trace])
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    title = "operator graph (layers)" if view.level == "layer" else "operator graph (operators)"
+    if view.truncated:
+        title += f": {view.truncated} smallest operators hidden"
+    return _layout(fig, title, 320)
+
+
+def _gantt_traces(bars: Sequence[GanttBar]) -> list[go.Bar]:
+    traces = []
+    for kind, colour in KIND_COLOURS.items():
+        chosen = [b for b in bars if b.kind == kind]
+        if not chosen:
+            continue
+        traces.append(go.Bar(
+            orientation="h", name=kind, marker_color=colour,
+            base=[b.start_s * 1e3 for b in chosen], x=[(b.end_s - b.start_s) * 1e3 for b in chosen],
+            y=[f"stage {b.stage}" for b in chosen], text=[b.label for b in chosen], textposition="inside",
+            hovertext=[f"{b.kind} microbatch {b.microbatch}: {b.start_s * 1e3:.3f}-{b.end_s * 1e3:.3f} ms"
+                       for b in chosen], hoverinfo="text",
+        ))
+    return traces
+
+
+def gantt_figure(predicted: Sequence[GanttBar], measured: Sequence[GanttBar] = ()) -> go.Figure:
+    """Forward/backward per microbatch per stage; gaps are the bubble. Predicted left, measured right."""
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=(
+        "predicted" if predicted else "predicted (not available)",
+        "measured" if measured else "measured (press Launch)"))
+    for col, bars in ((1, predicted), (2, measured)):
+        for trace in _gantt_traces(bars):
+            trace.showlegend = col == 1
+            fig.add_trace(trace, row=1, col=col)
+        fig.update_xaxes(title_text="ms", row=1, col=col)
+    fig.update_yaxes(autorange="reversed")
+    _layout(fig, "pipeline timeline", 260)
+    fig.update_layout(barmode="overlay", showlegend=True)
+    return fig
+
+
+def cost_figure(cost: CostView) -> go.Figure:
+    """Step-time breakdown and per-stage memory against the device limit."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("step time (ms)", "memory per device (GiB)"))
+    names = [n for n, _ in cost.breakdown]
+    fig.add_trace(go.Bar(x=names, y=[v * 1e3 for _, v in cost.breakdown], marker_color=PALETTE[:len(names)]),
+                  row=1, col=1)
+    stages = [f"stage {s}" for s, _ in cost.memory_per_stage]
+    fig.add_trace(go.Bar(x=stages, y=[m / 2**30 for _, m in cost.memory_per_stage],
+                         marker_color=["#E45756" if m > cost.memory_limit_bytes else "#54A24B"
+                                       for _, m in cost.memory_per_stage]), row=1, col=2)
+    fig.add_hline(y=cost.memory_limit_bytes / 2**30, line_dash="dash", line_color="#E45756", row=1, col=2)
+    return _layout(fig, cost.headline, 260)
+
+
+def mesh_html(row: ShardingRow) -> str:
+    """A grid of the logical mesh; each cell names the device and the block it holds.
+
+    Devices holding the same block share a colour, as in `jax.debug.visualize_array_sharding`.
+    """
+    colours: dict[tuple, str] = {}
+    cells: dict[tuple[int, int], str] = {}
+    for block in row.blocks:
+        colour = colours.setdefault(block.slices, PALETTE[len(colours) % len(PALETTE)])
+        cells[block.coord] = (
+            f'<td style="background:{colour};color:white;padding:4px 8px;border:1px solid white;'
+            f'font-family:monospace;font-size:11px">{html.escape(block.label)}</td>'
+        )
+    rows = "".join(
+        "<tr>" + "".join(cells.get((i, j), "<td></td>") for j in range(row.mesh_shape[1])) + "</tr>"
+        for i in range(row.mesh_shape[0])
+    )
+    caption = (f"{html.escape(row.tensor)} {row.shape} as {row.name} {row.spec} on mesh "
+               f"{row.mesh_shape[0]}x{row.mesh_shape[1]}: block {row.shard_shape}")
+    return f'<div><div style="font-size:12px">{caption}</div><table style="border-collapse:collapse">{rows}</table></div>'

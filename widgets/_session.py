@@ -1,0 +1,235 @@
+"""The editor's state machine, shared by the ipywidgets editor and the panel app.
+
+A session holds the graph, the shown plan, the pins being edited, the
+previous plan (for the change in cost) and the what-if options.  Every
+action returns a short message for the UI; a failed solve or launch never
+replaces the shown plan.  The solver, timeline and runtime come from core
+and are looked up when used, so the editor works with whatever has landed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+from typing import Any, Callable, Literal
+
+from alpaviz.core import Cluster, Link, OpGraph, Pins, Plan
+from alpaviz.core._timeline import Timeline
+from alpaviz.widgets import _edits
+
+Solver = Callable[..., Plan]
+PRESETS: dict[str, Callable[[int], Cluster]] = {
+    "a100": lambda hosts: Cluster.a100_node(hosts),
+    "v100": lambda hosts: Cluster.v100_node(hosts),
+    "h100": lambda hosts: Cluster.h100_node(hosts),
+}
+
+
+def core_function(module: str, name: str) -> Callable[..., Any] | None:
+    """A function another team provides in core, or None while it has not landed."""
+    try:
+        return getattr(importlib.import_module(f"alpaviz.core.{module}"), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def default_solver() -> Solver | None:
+    import alpaviz.core as core
+
+    return getattr(core, "solve", None) or core_function("_inter_op", "solve")
+
+
+def default_strategy_names() -> Callable[..., tuple[str, ...]] | None:
+    return core_function("_intra_op", "strategy_names") or core_function("_strategies", "strategy_names")
+
+
+@dataclasses.dataclass(frozen=True)
+class WhatIf:
+    """The re-planning knobs: microbatches, schedule, cluster preset and link bandwidths."""
+
+    num_microbatches: int = 4
+    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    cluster: Cluster = dataclasses.field(default_factory=lambda: Cluster.a100_node(1))
+
+    def with_preset(self, preset: str, num_hosts: int) -> "WhatIf":
+        if preset not in PRESETS:
+            raise ValueError(f"unknown cluster preset {preset!r}; choose one of {sorted(PRESETS)}")
+        return dataclasses.replace(self, cluster=PRESETS[preset](num_hosts))
+
+    def with_bandwidths(self, intra_gb_s: float, inter_gb_s: float) -> "WhatIf":
+        """Link bandwidths in GB/s (latencies kept)."""
+        if intra_gb_s <= 0 or inter_gb_s <= 0:
+            raise ValueError(f"bandwidths must be positive GB/s, got intra={intra_gb_s}, inter={inter_gb_s}")
+        c = self.cluster
+        return dataclasses.replace(self, cluster=c.with_links(
+            Link(c.intra_host.alpha_s, intra_gb_s * 1e9), Link(c.inter_host.alpha_s, inter_gb_s * 1e9)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What one action did: ok or not, and the sentence the UI shows."""
+
+    ok: bool
+    message: str
+
+
+class EditorSession:
+    """Edits pins through `_edits`, re-solves with the solver, keeps the last good plan.
+
+    Example:
+        >>> s = EditorSession(graph, plan, solver=av.solve)
+        >>> s.toggle_cut(4); s.resolve().message
+    """
+
+    def __init__(
+        self,
+        graph: OpGraph,
+        plan: Plan | None = None,
+        *,
+        whatif: WhatIf | None = None,
+        solver: Solver | None = None,
+        solve_options: dict[str, Any] | None = None,
+        step_fn: Callable[..., Any] | None = None,
+        example_args: tuple[Any, ...] = (),
+    ) -> None:
+        self.graph = graph
+        self.solver = solver or default_solver()
+        self.solve_options = dict(solve_options or {})
+        self.cache = self.solve_options.pop("cache", None) or self._make_cache()
+        self.whatif = whatif or (WhatIf(plan.schedule.num_microbatches, plan.schedule.kind, plan.cluster)
+                                 if plan else WhatIf())
+        self.step_fn, self.example_args = step_fn, example_args
+        self.previous: Plan | None = None
+        self.measured: Timeline | None = None
+        self.message, self.ok = "", True
+        self.busy = False
+        self._listeners: list[Callable[[], None]] = []
+        if plan is None:
+            outcome = self.resolve(Pins())
+            if not outcome.ok:
+                raise ValueError(f"could not make the first plan: {outcome.message}")
+        else:
+            plan.check_graph(graph)
+            self.plan = plan
+            self.pins = plan.pins
+        self.message = self.message or "plan loaded"
+
+    # ---- observers --------------------------------------------------------
+    def on_change(self, callback: Callable[[], None]) -> None:
+        self._listeners.append(callback)
+
+    def _changed(self, outcome: Outcome) -> Outcome:
+        self.message, self.ok = outcome.message, outcome.ok
+        for callback in self._listeners:
+            callback()
+        return outcome
+
+    # ---- pin edits ----------------------------------------------------------
+    def _edit(self, make: Callable[[], Pins], what: str) -> Outcome:
+        try:
+            self.pins = make()
+        except ValueError as err:
+            return Outcome(False, f"cannot pin {what}: {err}")
+        return Outcome(True, f"pinned {what}; press Re-solve to apply")
+
+    def toggle_cut(self, layer: int) -> Outcome:
+        if not 1 <= layer < len(self.plan.layers):
+            return self._changed(Outcome(False, f"no gap before layer {layer}: pick 1..{len(self.plan.layers) - 1}"))
+        outcome = self._edit(lambda: _edits.cycle_cut(self.pins, layer), f"the gap before layer {layer}")
+        if not outcome.ok:
+            return self._changed(outcome)
+        state = "pinned cut" if layer in self.pins.stage_cuts else "pinned no-cut" if layer in self.pins.forbidden_cuts else "free"
+        return self._changed(Outcome(True, f"gap before layer {layer}: {state}; press Re-solve to apply"))
+
+    def pin_submesh(self, stage: int, choice) -> Outcome:
+        return self._changed(self._edit(lambda: _edits.pin_submesh(self.pins, stage, choice), f"stage {stage}'s submesh"))
+
+    def pin_strategy(self, node: str, strategy: str | None) -> Outcome:
+        return self._changed(self._edit(lambda: _edits.pin_strategy(self.pins, node, strategy), f"{node}'s strategy"))
+
+    def reset_pins(self) -> Outcome:
+        self.pins = Pins()
+        return self._changed(Outcome(True, "all pins removed; press Re-solve to apply"))
+
+    def set_whatif(self, whatif: WhatIf, resolve: bool = True) -> Outcome:
+        self.whatif = whatif
+        return self.resolve() if resolve else self._changed(Outcome(True, "options changed"))
+
+    # ---- solving ------------------------------------------------------------
+    def _make_cache(self) -> Any:
+        for module, name in (("_inter_op", "StageProfileCache"), ("_stage_profile", "StageProfileCache")):
+            factory = core_function(module, name)
+            if factory is not None:
+                return factory()
+        return None
+
+    def resolve(self, pins: Pins | None = None) -> Outcome:
+        """Re-solve keeping the pins; on failure keep the shown plan and explain."""
+        if pins is not None:
+            self.pins = pins
+        if self.solver is None:
+            return self._changed(Outcome(False, "Re-solve not available: av.solve is not in this alpaviz yet"))
+        options = dict(self.solve_options)
+        if self.cache is not None:
+            options["cache"] = self.cache
+        start = time.perf_counter()
+        self.busy = True
+        try:
+            plan = self.solver(
+                self.graph, cluster=self.whatif.cluster, num_microbatches=self.whatif.num_microbatches,
+                schedule=self.whatif.schedule, pins=self.pins, progress=False, **options,
+            )
+        except ValueError as err:
+            return self._changed(Outcome(False, f"infeasible: {err} (the previous plan is still shown)"))
+        except Exception as err:  # a solver bug must not take the editor down
+            return self._changed(Outcome(False, f"solve failed: {type(err).__name__}: {err} (previous plan kept)"))
+        finally:
+            self.busy = False
+        self.previous = getattr(self, "plan", None)
+        self.plan = plan
+        self.measured = None
+        return self._changed(Outcome(True, f"re-solved in {time.perf_counter() - start:.2f} s"))
+
+    # ---- timelines and launch ----------------------------------------------
+    def predicted_timeline(self) -> Timeline | None:
+        simulate = core_function("_schedule", "predicted_timeline")
+        return None if simulate is None else simulate(self.plan)
+
+    def launch(self, steps: int = 3) -> Outcome:
+        """Run `av.parallelize` for `steps` steps here and keep the measured timeline."""
+        import alpaviz as av
+
+        parallelize = getattr(av, "parallelize", None) or core_function("_runtime", "parallelize")
+        if parallelize is None:
+            return self._changed(Outcome(False, "Launch not available: av.parallelize is not in this alpaviz yet"))
+        if self.step_fn is None:
+            return self._changed(Outcome(False, "Launch needs the training step: open the editor with av.editor(fn, *args)"))
+        try:
+            step = parallelize(self.step_fn, self.plan)
+            state, rest = self.example_args[0], self.example_args[1:]
+            for _ in range(steps):
+                state, _loss = step(state, *rest)
+            self.measured = step.last_trace()
+        except Exception as err:  # shown in the UI, the plan stays
+            return self._changed(Outcome(False, f"launch failed: {type(err).__name__}: {err}"))
+        return self._changed(Outcome(True, f"launched {steps} steps; measured timeline filled in"))
+
+    # ---- files ----------------------------------------------------------------
+    def save(self, path: str) -> Outcome:
+        with open(path, "w") as f:
+            f.write(self.plan.with_pins(self.pins).to_json(indent=1))
+        return self._changed(Outcome(True, f"plan saved to {path}"))
+
+    def load(self, path_or_text: str) -> Outcome:
+        try:
+            text = path_or_text
+            if not text.lstrip().startswith("{"):
+                with open(path_or_text) as f:
+                    text = f.read()
+            plan = Plan.from_json(text)
+            plan.check_graph(self.graph)
+        except (OSError, ValueError) as err:
+            return self._changed(Outcome(False, f"could not load the plan: {err}"))
+        self.previous, self.plan, self.pins, self.measured = self.plan, plan, plan.pins, None
+        return self._changed(Outcome(True, "plan loaded"))

@@ -1,0 +1,375 @@
+"""The editor's view model: frozen plain data derived from a plan and its graph.
+
+Nothing here imports a widget or plotting library, so every view can be
+unit-tested as data; `_figures.py` draws it and `_editor.py` / `_app.py`
+wire it to widgets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Literal, Sequence
+
+from alpaviz.core import OpGraph, Pins, Plan, spec_name
+from alpaviz.core._spec import Spec, shard_shape
+from alpaviz.core._timeline import Timeline
+
+CutPin = Literal["cut", "no_cut"] | None
+GraphLevel = Literal["layer", "op"]
+
+
+# ---- operator graph -------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GraphNodeView:
+    """One drawn node: a layer (layer level) or an operator (op level)."""
+
+    key: str
+    label: str
+    stage: int
+    flops: float
+    x: float
+    y: float
+    hover: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphView:
+    """A laid-out DAG; `edges` index into `nodes`."""
+
+    level: GraphLevel
+    nodes: tuple[GraphNodeView, ...]
+    edges: tuple[tuple[int, int], ...]
+    truncated: int = 0  # operators left out to keep the figure readable
+
+
+def _fmt_flops(flops: float) -> str:
+    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if flops >= scale:
+            return f"{flops / scale:.3g} {unit}FLOP"
+    return f"{flops:.3g} FLOP"
+
+
+def _stage_of_layer(plan: Plan) -> dict[int, int]:
+    return {layer: stage.index for stage in plan.stages for layer in stage.layers}
+
+
+def layer_graph_view(graph: OpGraph, plan: Plan) -> GraphView:
+    """Layers as nodes in a row, an edge wherever a tensor crosses between two layers."""
+    stage_of = _stage_of_layer(plan)
+    producer_layer = {t: node.layer for node in graph.nodes for t in node.outputs}
+    counts = [0] * graph.num_layers
+    for node in graph.nodes:
+        counts[node.layer] += 1
+    flops = graph.layer_flops()
+    nodes = tuple(
+        GraphNodeView(
+            key=f"layer{i}", label=f"L{i}", stage=stage_of.get(i, 0), flops=flops[i], x=float(i), y=0.0,
+            hover=(f"layer {i} (stage {stage_of.get(i, 0)})<br>{counts[i]} operators<br>{_fmt_flops(flops[i])}"),
+        )
+        for i in range(graph.num_layers)
+    )
+    edges = sorted({
+        (producer_layer[t], node.layer)
+        for node in graph.nodes for t in node.inputs
+        if t in producer_layer and producer_layer[t] != node.layer
+    })
+    return GraphView("layer", nodes, tuple(edges))
+
+
+def _op_hover(graph: OpGraph, plan: Plan, name: str) -> str:
+    node = graph.node(name)
+    shapes = lambda names: ", ".join(  # noqa: E731
+        f"{graph.tensor(t).shape}" for t in names if t in graph.tensor_by_name
+    )
+    strategy = plan.strategies.get(name, "(solver default)")
+    stage = plan.stage_of_layer(node.layer) if plan.stages else None
+    device = plan.cluster.device
+    seconds = plan.cost_model.compute_time(node.flops, node.bytes_read + node.bytes_written, device)
+    if stage is not None:
+        seconds /= len(stage.device_ids)
+    return (
+        f"{name} [{node.primitive}, {node.role}]<br>in: {shapes(node.inputs)}<br>out: {shapes(node.outputs)}"
+        f"<br>strategy: {strategy}<br>{_fmt_flops(node.flops)}, ~{seconds * 1e6:.3g} us compute per device"
+    )
+
+
+def op_graph_view(
+    graph: OpGraph, plan: Plan, layers: Iterable[int] | None = None, max_nodes: int = 400
+) -> GraphView:
+    """Operators of `layers` (all when None) in a layered layout by topological generation.
+
+    A GPT has thousands of operators, so at most `max_nodes` (the costliest
+    first, kept in program order) are drawn and `truncated` says how many not.
+    """
+    import networkx as nx
+
+    wanted = set(range(graph.num_layers) if layers is None else layers)
+    chosen = [n for n in graph.nodes if n.layer in wanted]
+    truncated = max(0, len(chosen) - max_nodes)
+    if truncated:
+        keep = {n.name for n in sorted(chosen, key=lambda n: -n.flops)[:max_nodes]}
+        chosen = [n for n in chosen if n.name in keep]
+    names = [n.name for n in chosen]
+    index = {name: i for i, name in enumerate(names)}
+    producer = {t: n.name for n in chosen for t in n.outputs}
+    edges = sorted({
+        (index[producer[t]], index[n.name]) for n in chosen for t in n.inputs if t in producer
+    })
+    dag = nx.DiGraph()
+    dag.add_nodes_from(range(len(names)))
+    dag.add_edges_from(edges)
+    for depth, generation in enumerate(nx.topological_generations(dag)):
+        for i in generation:
+            dag.nodes[i]["depth"] = depth
+    positions = nx.multipartite_layout(dag, subset_key="depth") if names else {}
+    stage_of = _stage_of_layer(plan)
+    nodes = tuple(
+        GraphNodeView(
+            key=n.name, label=n.primitive, stage=stage_of.get(n.layer, 0), flops=n.flops,
+            x=float(positions[i][0]), y=float(positions[i][1]), hover=_op_hover(graph, plan, n.name),
+        )
+        for i, n in enumerate(chosen)
+    )
+    return GraphView("op", nodes, tuple(edges), truncated)
+
+
+def node_size(flops: float, max_flops: float, smallest: float = 6.0, largest: float = 40.0) -> float:
+    """Marker size growing with the square root of FLOPs, so area tracks work."""
+    if max_flops <= 0:
+        return smallest
+    return smallest + (largest - smallest) * math.sqrt(max(flops, 0.0) / max_flops)
+
+
+# ---- stage cuts and submeshes --------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class CutSlot:
+    """The gap before `layer`: whether the plan cuts there and how it is pinned."""
+
+    layer: int
+    is_cut: bool
+    pinned: CutPin
+
+    @property
+    def label(self) -> str:
+        mark = {"cut": "pinned cut", "no_cut": "no cut"}.get(self.pinned or "", "cut" if self.is_cut else "·")
+        return f"{self.layer - 1}|{self.layer} {mark}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StageBand:
+    """One stage as drawn in the stage row, with the submesh choices it offers."""
+
+    index: int
+    layer_start: int
+    layer_stop: int
+    submesh: tuple[int, int]
+    logical_mesh: tuple[int, int]
+    device_ids: tuple[int, ...]
+    pinned_submesh: tuple[int, int] | None
+    submesh_options: tuple[tuple[tuple[int, int], tuple[int, int]], ...]
+
+    @property
+    def label(self) -> str:
+        return (
+            f"stage {self.index}: layers {self.layer_start}-{self.layer_stop - 1} on "
+            f"{self.submesh[0]}x{self.submesh[1]} (logical {self.logical_mesh[0]}x{self.logical_mesh[1]})"
+        )
+
+
+def cut_slots(plan: Plan, pins: Pins) -> tuple[CutSlot, ...]:
+    cuts, pinned, forbidden = set(plan.stage_cuts), set(pins.stage_cuts), set(pins.forbidden_cuts)
+    return tuple(
+        CutSlot(layer, layer in cuts, "cut" if layer in pinned else "no_cut" if layer in forbidden else None)
+        for layer in range(1, len(plan.layers))
+    )
+
+
+def stage_bands(plan: Plan, pins: Pins) -> tuple[StageBand, ...]:
+    cluster = plan.cluster
+    options = tuple(
+        (submesh, logical) for submesh in cluster.submesh_shapes() for logical in cluster.logical_shapes(submesh)
+    )
+    return tuple(
+        StageBand(
+            s.index, s.layer_start, s.layer_stop, s.submesh, s.logical_mesh, s.device_ids,
+            pins.submesh_map.get(s.index), options,
+        )
+        for s in plan.stages
+    )
+
+
+def submesh_option_label(submesh: tuple[int, int], logical: tuple[int, int]) -> str:
+    return f"{submesh[0]}x{submesh[1]} as {logical[0]}x{logical[1]}"
+
+
+# ---- sharding -------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DeviceBlock:
+    """Which block of a tensor one device holds: its mesh coordinate and a slice per dim."""
+
+    device_id: int
+    coord: tuple[int, int]
+    slices: tuple[tuple[int, int], ...]
+
+    @property
+    def label(self) -> str:
+        body = ", ".join(f"{a}:{b}" for a, b in self.slices)
+        return f"dev {self.device_id} [{body}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRow:
+    """One tensor's spec in one stage, and the blocks its devices hold."""
+
+    tensor: str
+    stage: int
+    shape: tuple[int, ...]
+    spec: Spec
+    name: str
+    shard_shape: tuple[int, ...]
+    mesh_shape: tuple[int, int]
+    blocks: tuple[DeviceBlock, ...]
+    pinned: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyRow:
+    """One operator's chosen strategy, the alternatives and whether it is pinned."""
+
+    node: str
+    primitive: str
+    stage: int
+    strategy: str
+    options: tuple[str, ...]
+    pinned: str | None  # the pinned strategy (the plan shows it only after a re-solve)
+
+
+def device_blocks(
+    shape: Sequence[int], spec: Spec, mesh_shape: tuple[int, int], device_ids: Sequence[int],
+    axis_names: Sequence[str] = ("x", "y"),
+) -> tuple[DeviceBlock, ...]:
+    """The block of `shape` each device of a row-major logical mesh holds under `spec`."""
+    block = shard_shape(shape, spec, mesh_shape, axis_names)
+    sizes = dict(zip(axis_names, mesh_shape))
+    out = []
+    for flat, device in enumerate(device_ids):
+        coord = (flat // mesh_shape[1], flat % mesh_shape[1])
+        where = dict(zip(axis_names, coord))
+        slices = []
+        for dim_block, axes in zip(block, spec):
+            k = 0
+            for axis in axes:  # mixed radix: the first axis is the most significant
+                k = k * sizes[axis] + where[axis]
+            slices.append((k * dim_block, (k + 1) * dim_block))
+        out.append(DeviceBlock(device, coord, tuple(slices)))
+    return tuple(out)
+
+
+def sharding_rows(graph: OpGraph, plan: Plan, pins: Pins) -> tuple[ShardingRow, ...]:
+    """A row per (stage, tensor) with a partition spec in the plan, parameters first."""
+    rows = []
+    pinned = pins.spec_map
+    for stage in plan.stages:
+        for tensor, spec in stage.partition_specs:
+            shape = graph.tensor(tensor).shape if tensor in graph.tensor_by_name else ()
+            try:
+                blocks = device_blocks(shape, spec, stage.logical_mesh, stage.device_ids)
+                block_shape = shard_shape(shape, spec, stage.logical_mesh)
+            except ValueError:
+                blocks, block_shape = (), ()
+            rows.append(ShardingRow(
+                tensor, stage.index, tuple(shape), spec, spec_name(spec), block_shape, stage.logical_mesh,
+                blocks, tensor in pinned,
+            ))
+    return tuple(sorted(rows, key=lambda r: (not r.tensor.startswith("params."), r.stage, r.tensor)))
+
+
+def strategy_rows(graph: OpGraph, plan: Plan, pins: Pins, options_for=None) -> tuple[StrategyRow, ...]:
+    """A row per operator with a strategy in the plan; `options_for(node, stage)` lists alternatives."""
+    rows = []
+    pinned = pins.strategy_map
+    for stage in plan.stages:
+        for node, strategy in stage.strategies:
+            options = tuple(options_for(node, stage)) if options_for else ()
+            for extra in (strategy, pinned.get(node)):
+                if extra is not None and extra not in options:
+                    options = (extra,) + options
+            primitive = graph.node(node).primitive if node in graph.node_by_name else "?"
+            rows.append(StrategyRow(node, primitive, stage.index, strategy, options, pinned.get(node)))
+    return tuple(rows)
+
+
+# ---- pipeline timeline ----------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GanttBar:
+    """One bar of the pipeline chart."""
+
+    stage: int
+    microbatch: int
+    kind: str
+    start_s: float
+    end_s: float
+    source: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind[0].upper()}{self.microbatch}"
+
+
+def gantt_bars(timeline: Timeline | None) -> tuple[GanttBar, ...]:
+    if timeline is None:
+        return ()
+    return tuple(
+        GanttBar(e.stage, e.microbatch, e.kind, e.start_s, e.end_s, timeline.source)
+        for e in sorted(timeline.events, key=lambda e: (e.stage, e.start_s))
+        if e.kind in ("forward", "backward", "update")
+    )
+
+
+# ---- cost panel -----------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class CostView:
+    """Step time, its breakdown, memory per device against the limit, and the change."""
+
+    step_time_s: float
+    breakdown: tuple[tuple[str, float], ...]
+    memory_per_stage: tuple[tuple[int, float], ...]
+    memory_limit_bytes: float
+    previous_step_time_s: float | None
+    solver_status: str
+
+    @property
+    def delta_s(self) -> float | None:
+        return None if self.previous_step_time_s is None else self.step_time_s - self.previous_step_time_s
+
+    @property
+    def headline(self) -> str:
+        text = f"step {self.step_time_s * 1e3:.3f} ms"
+        if self.delta_s is not None and self.previous_step_time_s:
+            pct = 100 * self.delta_s / self.previous_step_time_s
+            text += f" ({self.delta_s * 1e3:+.3f} ms, {pct:+.1f}% vs previous plan)"
+        return text
+
+    @property
+    def over_memory(self) -> tuple[int, ...]:
+        return tuple(s for s, m in self.memory_per_stage if m > self.memory_limit_bytes)
+
+
+def cost_view(plan: Plan, previous: Plan | None = None) -> CostView:
+    p = plan.predicted
+    breakdown = (
+        ("compute", p.compute_s), ("communication", p.communication_s + p.cross_stage_s),
+        ("resharding", p.resharding_s), ("bubble", p.bubble_s),
+    )
+    return CostView(
+        p.step_time_s, breakdown, tuple((s.index, s.cost.memory_bytes) for s in plan.stages),
+        p.memory_limit_bytes, None if previous is None else previous.predicted.step_time_s, plan.solver.status,
+    )
+
+
+def plan_headline(plan: Plan) -> str:
+    """One line naming the stages and cuts: what the browser test reads back."""
+    cuts = ", ".join(map(str, plan.stage_cuts)) or "none"
+    meshes = "; ".join(f"{s.submesh[0]}x{s.submesh[1]}" for s in plan.stages)
+    return f"{plan.num_stages} stages, cuts at layers: {cuts} (submeshes {meshes})"
