@@ -27,7 +27,12 @@ from alpaviz.core._plan import graph_fingerprint as graph_fingerprint
 from alpaviz.core._serde import PlanFormatError as PlanFormatError
 from alpaviz.core._spec import Spec as Spec
 from alpaviz.core._spec import make_spec as make_spec
+from alpaviz.core._spec import shard_shape as shard_shape
 from alpaviz.core._spec import spec_name as spec_name
+from alpaviz.core._sharding_plan import ShardingCost as ShardingCost
+from alpaviz.core._sharding_plan import ShardingPlan as ShardingPlan
+from alpaviz.core._timeline import Timeline as Timeline
+from alpaviz.core._timeline import TimelineEvent as TimelineEvent
 from alpaviz.core._spec import to_partition_spec as to_partition_spec
 from alpaviz.core._trace import trace as trace
 
@@ -35,5 +40,6 @@ __all__ = [
     "AXIS_NAMES", "Cluster", "DeviceSpec", "Link", "LogicalMesh", "CostModel", "CostModelProtocol",
     "OpGraph", "OpNode", "TensorInfo", "mark_layer", "Pins", "SCHEMA_VERSION", "Layer", "Plan",
     "PredictedCost", "Schedule", "SolverInfo", "Stage", "StageCost", "graph_fingerprint",
-    "PlanFormatError", "Spec", "make_spec", "spec_name", "to_partition_spec", "trace",
+    "PlanFormatError", "Spec", "make_spec", "shard_shape", "spec_name", "ShardingCost", "ShardingPlan",
+    "Timeline", "TimelineEvent", "to_partition_spec", "trace",
 ]
