@@ -18,6 +18,8 @@ from alpaviz.core import Plan as Plan
 from alpaviz.core import PlanFormatError as PlanFormatError
 from alpaviz.core import make_spec as make_spec
 from alpaviz.core import mark_layer as mark_layer
+from alpaviz.core import manual_plan as manual_plan
+from alpaviz.core import predicted_timeline as predicted_timeline
 from alpaviz.core import trace as trace
 
 __version__ = "0.1.0"

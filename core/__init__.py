@@ -13,6 +13,9 @@ from alpaviz.core._cost_model import CostModelProtocol as CostModelProtocol
 from alpaviz.core._graph import OpGraph as OpGraph
 from alpaviz.core._graph import OpNode as OpNode
 from alpaviz.core._graph import TensorInfo as TensorInfo
+from alpaviz.core._manual_plan import data_parallel_specs as data_parallel_specs
+from alpaviz.core._manual_plan import manual_plan as manual_plan
+from alpaviz.core._manual_plan import megatron_specs as megatron_specs
 from alpaviz.core._markers import mark_layer as mark_layer
 from alpaviz.core._pins import Pins as Pins
 from alpaviz.core._plan import SCHEMA_VERSION as SCHEMA_VERSION
@@ -24,6 +27,9 @@ from alpaviz.core._plan import SolverInfo as SolverInfo
 from alpaviz.core._plan import Stage as Stage
 from alpaviz.core._plan import StageCost as StageCost
 from alpaviz.core._plan import graph_fingerprint as graph_fingerprint
+from alpaviz.core._schedule import Instruction as Instruction
+from alpaviz.core._schedule import build_instructions as build_instructions
+from alpaviz.core._schedule import predicted_timeline as predicted_timeline
 from alpaviz.core._serde import PlanFormatError as PlanFormatError
 from alpaviz.core._spec import Spec as Spec
 from alpaviz.core._spec import make_spec as make_spec
