@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast serve bench clean
+.PHONY: venv demo test test-fast serve bench clean browser-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,13 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m alpaviz demo
 
-test: $(STAMP)
+# Chromium from Debian for the browser test (Playwright's own download is not used); quick when present.
+browser-deps: $(STAMP)
+	@test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
+		|| echo "browser-deps: could not install chromium; tests/test_browser.py will fail and say so"
+	@$(PY) -c "import playwright.sync_api" 2>/dev/null || $(PY) -m pip install -q playwright
+
+test: $(STAMP) browser-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

@@ -21,12 +21,22 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="auto-parallelize the default GPT and write an HTML report")
     demo.add_argument("--devices", type=int, default=8, help="virtual CPU devices for the launch")
     demo.add_argument("--report", default="demo_report.html", help="where to write the report")
+    serve = sub.add_parser("serve", help="start the plan editor web app (panel) on localhost")
+    serve.add_argument("--port", type=int, default=5006)
+    serve.add_argument("--address", default="127.0.0.1")
+    serve.add_argument("--layers", type=int, default=4, help="GPT blocks of the default model")
+    serve.add_argument("--solver", default=None, help="module:function to use instead of av.solve")
     args = parser.parse_args(argv)
     _use_virtual_cpu_devices(getattr(args, "devices", 8))
     if args.command == "demo":
         from alpaviz._demo import run_demo
 
         return run_demo(devices=args.devices, report_path=args.report)
+    if args.command == "serve":
+        from alpaviz.widgets._app import load_solver, serve as serve_app
+
+        serve_app(args.port, args.address, args.layers, load_solver(args.solver))
+        return 0
     return 1
 
 

@@ -123,3 +123,18 @@ def test_editor_facade_on_a_plan_needs_a_graph():
         av.editor(hand_plan(tiny_graph()))
     ed = av.editor(hand_plan(tiny_graph()), graph=tiny_graph(), solver=hand_solver)
     assert isinstance(ed, PlanEditor) and ed.session.plan.stage_cuts == (2,)
+
+
+def test_panel_editor_pins_a_cut_through_its_buttons():
+    from alpaviz.widgets._app import PanelEditor
+
+    graph = tiny_graph()
+    app = PanelEditor(EditorSession(graph, hand_plan(graph), solver=hand_solver))
+    gap = next(b for b in app.cut_row.objects if getattr(b, "name", "").startswith("gap 2|3"))
+    gap.clicks += 1  # what a browser click does to a panel Button
+    assert app.session.pins.stage_cuts == (3,)
+    app.resolve_button.clicks += 1
+    assert app.session.plan.stage_cuts == (3,) and "cuts at layers: 3 " in app.headline.object
+    select = next(row[0] for row in app.submesh_column.objects)
+    select.value = "1x8 as 8x1"
+    assert app.session.pins.submesh_map == {0: (1, 8)}

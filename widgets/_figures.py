@@ -95,7 +95,9 @@ def cost_figure(cost: CostView) -> go.Figure:
                          marker_color=["#E45756" if m > cost.memory_limit_bytes else "#54A24B"
                                        for _, m in cost.memory_per_stage]), row=1, col=2)
     fig.add_hline(y=cost.memory_limit_bytes / 2**30, line_dash="dash", line_color="#E45756", row=1, col=2)
-    return _layout(fig, cost.headline, 260)
+    _layout(fig, cost.headline, 280)
+    fig.update_layout(margin=dict(l=40, r=10, t=70, b=30))
+    return fig
 
 
 def mesh_html(row: ShardingRow) -> str:

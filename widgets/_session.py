@@ -194,7 +194,7 @@ class EditorSession:
     # ---- timelines and launch ----------------------------------------------
     def predicted_timeline(self) -> Timeline | None:
         simulate = core_function("_schedule", "predicted_timeline")
-        return None if simulate is None else simulate(self.plan)
+        return None if simulate is None else simulate(self.plan, self.graph)
 
     def launch(self, steps: int = 3) -> Outcome:
         """Run `av.parallelize` for `steps` steps here and keep the measured timeline."""

@@ -314,7 +314,7 @@ class GanttBar:
 
     @property
     def label(self) -> str:
-        return f"{self.kind[0].upper()}{self.microbatch}"
+        return self.kind[0].upper() + (str(self.microbatch) if self.microbatch >= 0 else "")
 
 
 def gantt_bars(timeline: Timeline | None) -> tuple[GanttBar, ...]:

@@ -1,0 +1,101 @@
+"""The panel app in a real Chromium: pin a stage cut by clicking, Re-solve, read the new plan back.
+
+`make test` installs Chromium from Debian (`make browser-deps`); when it is
+missing this test fails with that instruction instead of skipping.
+"""
+
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = pathlib.Path(__file__).parent / "artifacts"
+BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"]
+pytestmark = pytest.mark.browser
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_http(url: str, server: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"the panel app exited with code {server.returncode}:\n{server.stdout.read()}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"the panel app did not answer on {url} within {timeout_s:.0f} s")
+
+
+@pytest.fixture
+def app_url():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: run `make browser-deps` (apt-get install -y chromium) for the browser test")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.fail("Playwright's Python client is missing: pip install -e '.[test]' (no browser download needed)")
+    import alpaviz.core as core
+
+    port = _free_port()
+    command = [sys.executable, "-m", "alpaviz", "serve", "--port", str(port), "--layers", "4"]
+    if not hasattr(core, "solve"):  # until av.solve lands, a hand-made test double plans
+        command += ["--solver", "test_view_model:hand_solver"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent),
+                                                         os.environ.get("PYTHONPATH", "")]))
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        _wait_for_http(url, server)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def _cuts(text: str) -> set[int]:
+    match = re.search(r"cuts at layers: ([\d, ]+|none)", text)
+    assert match, f"no plan headline in {text!r}"
+    return set() if match.group(1) == "none" else {int(c) for c in match.group(1).split(",")}
+
+
+def test_pin_a_cut_in_the_browser_and_resolve(app_url):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1800})
+            page.goto(app_url, timeout=120_000)
+            headline = page.get_by_text("cuts at layers")
+            headline.wait_for(timeout=120_000)
+            before = _cuts(headline.inner_text())
+            gap = min(set(range(1, 4)) - before)  # a gap the current plan does not cut
+            page.get_by_role("button", name=re.compile(rf"^gap {gap - 1}\|{gap} ")).click()
+            page.get_by_text(f"gap before layer {gap}: pinned cut").wait_for(timeout=30_000)
+            page.get_by_role("button", name="Re-solve").click()
+            page.get_by_text(re.compile(r"^re-solved in")).wait_for(timeout=60_000)
+            after = _cuts(headline.inner_text())
+            page.wait_for_timeout(1000)  # let plotly finish drawing for the screenshot
+            page.screenshot(path=str(ARTIFACTS / "browser_editor.png"), full_page=True)
+        finally:
+            browser.close()
+    assert gap not in before and gap in after, f"cuts before {sorted(before)}, after {sorted(after)}"

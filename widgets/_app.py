@@ -1,0 +1,222 @@
+"""The plan editor as a panel web app: the same session and views as the notebook editor.
+
+Serve it with `alpaviz serve` / `python -m alpaviz serve`, or
+`panel serve widgets/_app.py` (the default GPT model on the default cluster).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import panel as pn
+
+from alpaviz.widgets import _figures as F
+from alpaviz.widgets import _view_model as vm
+from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf
+
+SOLVER_CHOICE = "(solver's choice)"
+
+
+class PanelEditor:
+    """Panel widgets wired to an `EditorSession`; `.layout` is the servable page."""
+
+    def __init__(self, session: EditorSession) -> None:
+        self.session = session
+        self.headline = pn.pane.HTML(sizing_mode="stretch_width")
+        self.status = pn.pane.HTML(sizing_mode="stretch_width")
+        self.progress = pn.indicators.Progress(value=100, max=100, width=200, bar_color="success")
+        self.cut_row = pn.FlexBox()
+        self.submesh_column = pn.Column()
+        self.graph_level = pn.widgets.RadioButtonGroup(options={"layers": "layer", "operators": "op"}, value="layer")
+        self.graph_pane = pn.pane.Plotly(height=320, sizing_mode="stretch_width")
+        self.tensor_select = pn.widgets.Select(name="tensor", width=420)
+        self.mesh_pane = pn.pane.HTML()
+        self.timeline_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
+        self.cost_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
+        self.resolve_button = pn.widgets.Button(name="Re-solve", button_type="primary")
+        self.reset_button = pn.widgets.Button(name="Reset pins")
+        self.launch_button = pn.widgets.Button(name="Launch", button_type="success")
+        self.download = pn.widgets.FileDownload(callback=self._plan_json, filename="plan.json", label="Save plan")
+        self.upload = pn.widgets.FileInput(accept=".json", name="Load plan")
+        w = session.whatif
+        self.microbatches = pn.widgets.IntInput(name="microbatches", value=w.num_microbatches, start=1, width=120)
+        self.schedule = pn.widgets.Select(name="schedule", options=["1f1b", "gpipe"], value=w.schedule, width=100)
+        self.preset = pn.widgets.Select(name="cluster", options=["(current)", *PRESETS], value="(current)", width=110)
+        self.hosts = pn.widgets.IntInput(name="hosts", value=w.cluster.num_hosts, start=1, width=90)
+        self.intra_bw = pn.widgets.FloatInput(name="intra GB/s", value=w.cluster.intra_host.bandwidth_bytes_per_s / 1e9, width=110)
+        self.inter_bw = pn.widgets.FloatInput(name="inter GB/s", value=w.cluster.inter_host.bandwidth_bytes_per_s / 1e9, width=110)
+        self._syncing = False
+        self._wire()
+        self.layout = self._layout()
+        session.on_change(self.refresh)
+        self.refresh()
+
+    def _layout(self) -> pn.Column:
+        return pn.Column(
+            pn.pane.Markdown("## alpaviz plan editor"), self.headline, pn.Row(self.status, self.progress),
+            pn.Row(self.resolve_button, self.reset_button, self.launch_button, self.download, self.upload),
+            pn.Row(self.microbatches, self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw),
+            pn.pane.Markdown("### Stage cuts (click a gap: pin cut, pin no-cut, free)"), self.cut_row,
+            self.submesh_column,
+            pn.pane.Markdown("### Operator graph"), self.graph_level, self.graph_pane,
+            pn.pane.Markdown("### Sharding"), self.tensor_select, self.mesh_pane,
+            pn.pane.Markdown("### Pipeline"), self.timeline_pane,
+            pn.pane.Markdown("### Cost"), self.cost_pane,
+            sizing_mode="stretch_width",
+        )
+
+    def _wire(self) -> None:
+        s = self.session
+        self.resolve_button.on_click(lambda _: self.resolve())
+        self.reset_button.on_click(lambda _: s.reset_pins())
+        self.launch_button.on_click(lambda _: s.launch())
+        self.upload.param.watch(self._on_upload, "value")
+        self.graph_level.param.watch(lambda _: self._draw_graph(), "value")
+        self.tensor_select.param.watch(lambda _: self._draw_mesh(), "value")
+        for control in (self.microbatches, self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw):
+            control.param.watch(self._on_whatif, "value")
+
+    # ---- actions ---------------------------------------------------------------
+    def resolve(self) -> None:
+        self.progress.value, self.progress.bar_color = -1, "info"  # -1: indeterminate while solving
+        outcome = self.session.resolve()
+        self.progress.value, self.progress.bar_color = 100, "success" if outcome.ok else "danger"
+
+    def _plan_json(self):
+        import io
+
+        return io.StringIO(self.session.plan.with_pins(self.session.pins).to_json(indent=1))
+
+    def _on_upload(self, event: Any) -> None:
+        if event.new:
+            self.session.load(event.new.decode() if isinstance(event.new, bytes) else str(event.new))
+
+    def _on_whatif(self, _event: Any) -> None:
+        if self._syncing:
+            return
+        try:
+            w = WhatIf(self.microbatches.value, self.schedule.value, self.session.whatif.cluster)
+            if self.preset.value in PRESETS:
+                w = w.with_preset(self.preset.value, self.hosts.value)
+            w = w.with_bandwidths(self.intra_bw.value, self.inter_bw.value)
+        except ValueError as err:
+            self.status.object = _message(False, str(err))
+            return
+        self.session.set_whatif(w)
+
+    # ---- drawing -----------------------------------------------------------------
+    def refresh(self) -> None:
+        s = self.session
+        self._syncing = True
+        try:
+            self.headline.object = f"<b>{html.escape(vm.plan_headline(s.plan))}</b>"
+            self.status.object = _message(s.ok, s.message)
+            self._draw_cuts()
+            self._draw_submeshes()
+            self._draw_graph()
+            rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins)}
+            self._rows = rows
+            keep = self.tensor_select.value
+            self.tensor_select.options = list(rows)
+            self.tensor_select.value = keep if keep in rows else next(iter(rows), None)
+            self._draw_mesh()
+            try:
+                predicted = vm.gantt_bars(s.predicted_timeline())
+            except Exception:  # a simulator failure must not hide the rest of the page
+                predicted = ()
+            self.timeline_pane.object = F.gantt_figure(predicted, vm.gantt_bars(s.measured))
+            self.cost_pane.object = F.cost_figure(vm.cost_view(s.plan, s.previous))
+        finally:
+            self._syncing = False
+
+    def _draw_cuts(self) -> None:
+        plan, pins = self.session.plan, self.session.pins
+        stage_of = {layer: st.index for st in plan.stages for layer in st.layers}
+        slots = vm.cut_slots(plan, pins)
+        items: list[Any] = []
+        for layer in range(len(plan.layers)):
+            if layer:
+                slot = slots[layer - 1]
+                button = pn.widgets.Button(
+                    name=f"gap {slot.label}", button_type="danger" if slot.is_cut else "default",
+                    button_style="solid" if slot.pinned else "outline", margin=(2, 2),
+                )
+                button.on_click(lambda _, l=layer: self.session.toggle_cut(l))
+                items.append(button)
+            colour = F.stage_colour(stage_of.get(layer, 0))
+            items.append(pn.pane.HTML(
+                f'<div style="background:{colour};color:white;padding:6px 10px;border-radius:3px">'
+                f'L{layer} (stage {stage_of.get(layer, 0)})</div>', margin=(2, 2)))
+        self.cut_row.objects = items
+
+    def _draw_submeshes(self) -> None:
+        rows = []
+        for band in vm.stage_bands(self.session.plan, self.session.pins):
+            # string values: a None value would show as an empty select in the browser
+            choices = {vm.submesh_option_label(*o): o for o in band.submesh_options}
+            pinned = (band.pinned_submesh, self.session.pins.logical_mesh_map.get(band.index))
+            current = next((label for label, o in choices.items() if o == pinned), SOLVER_CHOICE)
+            select = pn.widgets.Select(name=f"stage {band.index} submesh", options=[SOLVER_CHOICE, *choices],
+                                       value=current, width=200)
+            select.param.watch(
+                lambda e, i=band.index, c=choices: None if self._syncing else self.session.pin_submesh(i, c.get(e.new)),
+                "value")
+            rows.append(pn.Row(select, pn.pane.HTML(html.escape(band.label))))
+        self.submesh_column.objects = rows
+
+    def _draw_graph(self) -> None:
+        s = self.session
+        view = (vm.layer_graph_view(s.graph, s.plan) if self.graph_level.value == "layer"
+                else vm.op_graph_view(s.graph, s.plan, max_nodes=300))
+        self.graph_pane.object = F.graph_figure(view)
+
+    def _draw_mesh(self) -> None:
+        row = getattr(self, "_rows", {}).get(self.tensor_select.value)
+        self.mesh_pane.object = F.mesh_html(row) if row is not None and row.blocks else "<i>no sharding</i>"
+
+
+def _message(ok: bool, text: str) -> str:
+    colour = "#2a7a2a" if ok else "#b00020"
+    return f'<span style="color:{colour}"><b>{html.escape(text)}</b></span>'
+
+
+def default_session(num_layers: int = 4, solver=None) -> EditorSession:
+    """The default GPT (with `num_layers` blocks) on one 8-GPU A100 host, solved with av.solve."""
+    import alpaviz as av
+
+    step, params, batch = av.models.gpt(num_layers=num_layers)
+    graph = av.trace(step, params, batch)
+    return EditorSession(graph, whatif=WhatIf(4, "1f1b", av.Cluster.a100_node(1)), solver=solver,
+                         step_fn=step, example_args=(params, batch))
+
+
+def create_app(num_layers: int = 4, solver=None) -> pn.Column:
+    """A fresh page (one session per browser tab)."""
+    pn.extension("plotly")
+    try:
+        return PanelEditor(default_session(num_layers, solver)).layout
+    except ValueError as err:  # e.g. no solver in this alpaviz yet: say so on the page
+        return pn.Column(pn.pane.Markdown("## alpaviz plan editor"), pn.pane.HTML(_message(False, str(err))))
+
+
+def load_solver(spec: str | None):
+    """`"package.module:function"` -> that function; None -> av.solve."""
+    if spec is None:
+        return None
+    import importlib
+
+    module, _, name = spec.partition(":")
+    if not name:
+        raise ValueError(f"--solver takes module:function, got {spec!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def serve(port: int = 5006, address: str = "127.0.0.1", num_layers: int = 4, solver=None, show: bool = False) -> Any:
+    """Start the panel server on `address:port` (blocking)."""
+    return pn.serve(lambda: create_app(num_layers, solver), port=port, address=address, show=show,
+                    websocket_origin=[f"{address}:{port}", f"localhost:{port}"], title="alpaviz plan editor")
+
+
+if __name__.startswith("bokeh"):  # `panel serve widgets/_app.py`
+    create_app().servable()
