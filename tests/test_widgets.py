@@ -61,9 +61,15 @@ def test_submesh_dropdown_pins_and_infeasible_pin_is_explained():
     assert ed.session.pins.is_empty and ed.submesh_dropdowns[0].value is None
 
 
+def _strategy_names(graph, node, mesh):
+    assert isinstance(mesh, av.LogicalMesh) and mesh.num_devices == 4  # the stage's mesh, with its links
+    return ("RR = RS x SR @ {0} (allreduce @ 0)", "SR = SR x RR")
+
+
 def test_strategy_dropdown_pins_a_strategy_and_tensor_picker_draws_the_mesh():
-    ed = _editor(strategy_names=lambda graph, node, mesh: ("RR = RS x SR @ {0} (allreduce @ 0)", "SR = SR x RR"))
+    ed = _editor(strategy_names=_strategy_names)
     node = ed.op_select.value
+    assert "SR = SR x RR" in ed.strategy_select.options
     assert node is not None and ed.strategy_select.value == SOLVER_CHOICE
     ed.strategy_select.value = "SR = SR x RR"
     assert ed.session.pins.strategy_map == {node: "SR = SR x RR"}
@@ -81,6 +87,16 @@ def test_graph_level_toggle_expands_one_layer():
     ed.graph_layer.value = 1
     keys = ed.graph_figure.data[1].customdata
     assert len(keys) > 10 and {tiny_graph().node(k).layer for k in keys} == {1}
+
+
+def test_clicking_a_layer_node_expands_it_and_an_operator_selects_it():
+    ed = _editor()
+    ed.on_graph_click([2])  # what the node trace's on_click hands over: the clicked point indices
+    assert ed.graph_level.value == "op" and ed.graph_layer.value == 2
+    keys = list(ed.graph_figure.data[1].customdata)
+    dot = next(i for i, k in enumerate(keys) if k in ed._strategies)
+    ed.on_graph_click([dot])
+    assert ed.op_select.value == keys[dot]
 
 
 def test_whatif_controls_replan():

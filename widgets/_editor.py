@@ -178,9 +178,10 @@ class PlanEditor(W.VBox):
         stage_of = {layer: st.index for st in plan.stages for layer in st.layers}
         children: list[W.Widget] = []
         self.cut_buttons = {}
+        slots = vm.cut_slots(plan, pins)
         for layer in range(len(plan.layers)):
             if layer:
-                slot = vm.cut_slots(plan, pins)[layer - 1]
+                slot = slots[layer - 1]
                 button = W.Button(
                     description=slot.label, tooltip=f"gap before layer {layer}",
                     button_style="danger" if slot.is_cut else "", icon="thumb-tack" if slot.pinned else "",
@@ -217,6 +218,19 @@ class PlanEditor(W.VBox):
             layer = self.graph_layer.value
             view = vm.op_graph_view(s.graph, s.plan, None if layer in (-1, None) else [layer])
         _replace_figure(self.graph_figure, F.graph_figure(view))
+        self._graph_view = view
+        self.graph_figure.data[1].on_click(lambda _trace, points, _sel: self.on_graph_click(points.point_inds))
+
+    def on_graph_click(self, indices: list[int]) -> None:
+        """Clicking a layer node expands it to its operators; clicking an operator selects it."""
+        if not indices:
+            return
+        node = self._graph_view.nodes[indices[0]]
+        if self._graph_view.level == "layer":
+            self.graph_layer.value = int(node.key.removeprefix("layer"))
+            self.graph_level.value = "op"
+        elif node.key in self._strategies:
+            self.op_select.value = node.key
 
     def _fill_sharding(self) -> None:
         s = self.session
@@ -225,17 +239,7 @@ class PlanEditor(W.VBox):
         self.tensor_select.options = list(self._rows)
         self.tensor_select.value = keep if keep in self._rows else next(iter(self._rows), None)
         self._draw_mesh()
-        names = self._strategy_names
-
-        def options_for(node: str, stage) -> tuple[str, ...]:
-            if names is None:
-                return ()
-            try:
-                return tuple(names(s.graph, node, stage.logical_mesh))
-            except Exception:  # an operator the strategy table does not know: offer its current one
-                return ()
-
-        self._strategies = {r.node: r for r in vm.strategy_rows(s.graph, s.plan, s.pins, options_for)}
+        self._strategies = {r.node: r for r in vm.strategy_rows(s.graph, s.plan, s.pins)}
         keep = self.op_select.value
         self.op_select.options = [(f"{n} (stage {r.stage})", n) for n, r in self._strategies.items()]
         self.op_select.value = keep if keep in self._strategies else next(iter(self._strategies), None)
@@ -252,10 +256,22 @@ class PlanEditor(W.VBox):
             if row is None:
                 self.strategy_select.options, self.strategy_select.value = [SOLVER_CHOICE], SOLVER_CHOICE
                 return
-            self.strategy_select.options = [SOLVER_CHOICE, *row.options]
+            self.strategy_select.options = [SOLVER_CHOICE, *self._options_for(row)]
             self.strategy_select.value = row.pinned or SOLVER_CHOICE
         finally:
             self._syncing = syncing
+
+    def _options_for(self, row: vm.StrategyRow) -> tuple[str, ...]:
+        """The selected operator's strategies on its stage's mesh (asked only for the one shown)."""
+        options = list(row.options)
+        if self._strategy_names is not None:
+            stage = self.session.plan.stages[row.stage]
+            try:
+                mesh = self.session.plan.cluster.logical_mesh(stage.submesh, stage.logical_mesh, stage.device_ids[0])
+                options += [n for n in self._strategy_names(self.session.graph, row.node, mesh) if n not in options]
+            except Exception:  # an operator the strategy table does not know: offer what the plan has
+                pass
+        return tuple(options)
 
     def _draw_timeline(self) -> None:
         s = self.session

@@ -158,6 +158,10 @@ class EditorSession:
 
     # ---- solving ------------------------------------------------------------
     def _make_cache(self) -> Any:
+        import alpaviz.core as core
+
+        if hasattr(core, "StageProfileCache"):
+            return core.StageProfileCache()
         for module, name in (("_inter_op", "StageProfileCache"), ("_stage_profile", "StageProfileCache")):
             factory = core_function(module, name)
             if factory is not None:
