@@ -114,19 +114,21 @@ class PanelEditor:
             self.status.object = _message(s.ok, s.message)
             self._draw_cuts()
             self._draw_submeshes()
-            self._draw_graph()
             rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins)}
             self._rows = rows
             keep = self.tensor_select.value
             self.tensor_select.options = list(rows)
             self.tensor_select.value = keep if keep in rows else next(iter(rows), None)
             self._draw_mesh()
-            try:
-                predicted = vm.gantt_bars(s.predicted_timeline())
-            except Exception:  # a simulator failure must not hide the rest of the page
-                predicted = ()
-            self.timeline_pane.object = F.gantt_figure(predicted, vm.gantt_bars(s.measured))
-            self.cost_pane.object = F.cost_figure(vm.cost_view(s.plan, s.previous))
+            if getattr(self, "_drawn", None) != (s.plan, s.measured):  # pin edits leave the plan's figures
+                self._draw_graph()
+                try:
+                    predicted = vm.gantt_bars(s.predicted_timeline())
+                except Exception:  # a simulator failure must not hide the rest of the page
+                    predicted = ()
+                self.timeline_pane.object = F.gantt_figure(predicted, vm.gantt_bars(s.measured))
+                self.cost_pane.object = F.cost_figure(vm.cost_view(s.plan, s.previous))
+                self._drawn = (s.plan, s.measured)
         finally:
             self._syncing = False
 

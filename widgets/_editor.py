@@ -158,7 +158,7 @@ class PlanEditor(W.VBox):
         return f'<span style="color:{colour}"><b{style}>{html.escape(text)}</b></span>'
 
     def refresh(self) -> None:
-        """Redraw every view from the session's plan and pins."""
+        """Redraw the views from the session; the plan's figures only when the plan (or its timeline) changed."""
         s = self.session
         self._syncing = True
         try:
@@ -166,10 +166,13 @@ class PlanEditor(W.VBox):
             self.status.value = self._message(s.ok, s.message)
             self._draw_cuts()
             self._draw_submeshes()
-            self._draw_graph()
             self._fill_sharding()
-            self._draw_timeline()
-            _replace_figure(self.cost_figure, F.cost_figure(vm.cost_view(s.plan, s.previous)))
+            drawn = (s.plan, s.measured)
+            if getattr(self, "_drawn", None) != drawn:
+                self._draw_graph()
+                self._draw_timeline()
+                _replace_figure(self.cost_figure, F.cost_figure(vm.cost_view(s.plan, s.previous)))
+                self._drawn = drawn
         finally:
             self._syncing = False
 
