@@ -19,6 +19,7 @@ from alpaviz.core import PlanFormatError as PlanFormatError
 from alpaviz.core import make_spec as make_spec
 from alpaviz.core import mark_layer as mark_layer
 from alpaviz.core import manual_plan as manual_plan
+from alpaviz.core import parallelize as parallelize
 from alpaviz.core import predicted_timeline as predicted_timeline
 from alpaviz.core import trace as trace
 
@@ -36,3 +37,4 @@ __all__ = [
     "models", "Cluster", "CostModel", "DeviceSpec", "Link", "LogicalMesh", "OpGraph", "Pins",
     "Plan", "PlanFormatError", "editor", "make_spec", "mark_layer", "trace",
 ]
+__all__ += ["manual_plan", "predicted_timeline", "parallelize"]  # the runtime

@@ -27,10 +27,13 @@ from alpaviz.core._plan import SolverInfo as SolverInfo
 from alpaviz.core._plan import Stage as Stage
 from alpaviz.core._plan import StageCost as StageCost
 from alpaviz.core._plan import graph_fingerprint as graph_fingerprint
+from alpaviz.core._runtime import ParallelStep as ParallelStep
+from alpaviz.core._runtime import parallelize as parallelize
 from alpaviz.core._schedule import Instruction as Instruction
 from alpaviz.core._schedule import build_instructions as build_instructions
 from alpaviz.core._schedule import predicted_timeline as predicted_timeline
 from alpaviz.core._serde import PlanFormatError as PlanFormatError
+from alpaviz.core._stage_runner import StageError as StageError
 from alpaviz.core._spec import Spec as Spec
 from alpaviz.core._spec import make_spec as make_spec
 from alpaviz.core._spec import shard_shape as shard_shape
@@ -48,4 +51,8 @@ __all__ = [
     "PredictedCost", "Schedule", "SolverInfo", "Stage", "StageCost", "graph_fingerprint",
     "PlanFormatError", "Spec", "make_spec", "shard_shape", "spec_name", "ShardingCost", "ShardingPlan",
     "Timeline", "TimelineEvent", "to_partition_spec", "trace",
+]
+__all__ += [  # the runtime and its helpers
+    "data_parallel_specs", "manual_plan", "megatron_specs", "Instruction", "build_instructions",
+    "predicted_timeline", "ParallelStep", "parallelize", "StageError",
 ]
