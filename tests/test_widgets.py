@@ -154,3 +154,47 @@ def test_panel_editor_pins_a_cut_through_its_buttons():
     select = next(row[0] for row in app.submesh_column.objects)
     select.value = "1x8 as 8x1"
     assert app.session.pins.submesh_map == {0: (1, 8)}
+
+
+@pytest.fixture(scope="module")
+def solved_editor():
+    import alpaviz.core as core
+
+    if not hasattr(core, "solve"):
+        pytest.skip("av.solve has not landed in alpaviz.core yet (inter-op pass)")
+    graph = tiny_graph()
+    session = EditorSession(graph, whatif=av.widgets.WhatIf(4, "1f1b", av.Cluster.a100_node(1)))
+    return PlanEditor(session)
+
+
+def test_real_solver_honours_a_cut_pinned_through_the_editor(solved_editor):
+    ed = solved_editor
+    ed.reset_button.click()
+    ed.resolve_button.click()
+    before = ed.session.plan.stage_cuts
+    free = [layer for layer in range(1, 4) if layer not in before]
+    gap, clicks = (free[0], 1) if free else (2, 2)  # pin a cut, or a no-cut where the solver cut everywhere
+    for _ in range(clicks):
+        ed.cut_buttons[gap].click()
+    hits = ed.session.cache.hits
+    ed.resolve_button.click()
+    assert ed.session.ok, ed.session.message
+    assert (gap in ed.session.plan.stage_cuts) == bool(free)
+    assert ed.session.plan.pins == ed.session.pins  # the plan records the pins it honours
+    assert ed.session.cache.hits > hits  # the re-solve reused stage profiles
+    assert ed.cut_buttons[gap].button_style == ("danger" if free else "")
+
+
+def test_real_solver_infeasible_pin_keeps_the_plan(solved_editor):
+    ed = solved_editor
+    ed.reset_button.click()
+    ed.cut_buttons[1].click()  # at least two stages
+    ed.resolve_button.click()
+    shown = ed.session.plan
+    assert shown.num_stages >= 2 and 1 in shown.stage_cuts
+    for stage in (0, 1):  # two stages on a full 8-device host each: more devices than the cluster has
+        ed.submesh_dropdowns[stage].value = ((1, 8), (8, 1))
+    ed.resolve_button.click()
+    assert not ed.session.ok and "infeasible" in ed.status.value, ed.session.message
+    assert ed.session.plan is shown
+    assert "cuts at layers: " + ", ".join(map(str, shown.stage_cuts)) in ed.headline.value

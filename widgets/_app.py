@@ -183,21 +183,22 @@ def _message(ok: bool, text: str) -> str:
     return f'<span style="color:{colour}"><b>{html.escape(text)}</b></span>'
 
 
-def default_session(num_layers: int = 4, solver=None) -> EditorSession:
+def default_session(num_layers: int = 4, solver=None, cache: Any = None) -> EditorSession:
     """The default GPT (with `num_layers` blocks) on one 8-GPU A100 host, solved with av.solve."""
     import alpaviz as av
 
     step, params, batch = av.models.gpt(num_layers=num_layers)
     graph = av.trace(step, params, batch)
     return EditorSession(graph, whatif=WhatIf(4, "1f1b", av.Cluster.a100_node(1)), solver=solver,
+                         solve_options={"cache": cache} if cache is not None else None,
                          step_fn=step, example_args=(params, batch))
 
 
-def create_app(num_layers: int = 4, solver=None) -> pn.Column:
-    """A fresh page (one session per browser tab)."""
+def create_app(num_layers: int = 4, solver=None, cache: Any = None) -> pn.Column:
+    """A fresh page (one session per browser tab; pass one `cache` to share stage profiles between tabs)."""
     pn.extension("plotly")
     try:
-        return PanelEditor(default_session(num_layers, solver)).layout
+        return PanelEditor(default_session(num_layers, solver, cache)).layout
     except ValueError as err:  # e.g. no solver in this alpaviz yet: say so on the page
         return pn.Column(pn.pane.Markdown("## alpaviz plan editor"), pn.pane.HTML(_message(False, str(err))))
 
@@ -216,7 +217,11 @@ def load_solver(spec: str | None):
 
 def serve(port: int = 5006, address: str = "127.0.0.1", num_layers: int = 4, solver=None, show: bool = False) -> Any:
     """Start the panel server on `address:port` (blocking)."""
-    return pn.serve(lambda: create_app(num_layers, solver), port=port, address=address, show=show,
+    from alpaviz.widgets._session import core_function
+
+    make_cache = core_function("_stage_profile", "StageProfileCache")
+    cache = make_cache() if make_cache is not None else None
+    return pn.serve(lambda: create_app(num_layers, solver, cache), port=port, address=address, show=show,
                     websocket_origin=[f"{address}:{port}", f"localhost:{port}"], title="alpaviz plan editor")
 
 

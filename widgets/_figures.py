@@ -92,6 +92,7 @@ def cost_figure(cost: CostView) -> go.Figure:
                   row=1, col=1)
     stages = [f"stage {s}" for s, _ in cost.memory_per_stage]
     fig.add_trace(go.Bar(x=stages, y=[m / 2**30 for _, m in cost.memory_per_stage],
+                         text=[f"{m / 2**30:.3g} GiB" for _, m in cost.memory_per_stage], textposition="outside",
                          marker_color=["#E45756" if m > cost.memory_limit_bytes else "#54A24B"
                                        for _, m in cost.memory_per_stage]), row=1, col=2)
     fig.add_hline(y=cost.memory_limit_bytes / 2**30, line_dash="dash", line_color="#E45756", row=1, col=2)

@@ -210,7 +210,7 @@ class EditorSession:
         if self.step_fn is None:
             return self._changed(Outcome(False, "Launch needs the training step: open the editor with av.editor(fn, *args)"))
         try:
-            step = parallelize(self.step_fn, self.plan)
+            step = parallelize(self.step_fn, self.plan, example_args=self.example_args, graph=self.graph)
             state, rest = self.example_args[0], self.example_args[1:]
             for _ in range(steps):
                 state, _loss = step(state, *rest)

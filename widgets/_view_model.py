@@ -297,7 +297,8 @@ def strategy_rows(graph: OpGraph, plan: Plan, pins: Pins, options_for=None) -> t
                     options = (extra,) + options
             primitive = graph.node(node).primitive if node in graph.node_by_name else "?"
             rows.append(StrategyRow(node, primitive, stage.index, strategy, options, pinned.get(node)))
-    return tuple(rows)
+    order = {n.name: n.index for n in graph.nodes}
+    return tuple(sorted(rows, key=lambda r: (r.stage, order.get(r.node, -1))))  # program order
 
 
 # ---- pipeline timeline ----------------------------------------------------
