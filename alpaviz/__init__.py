@@ -22,6 +22,13 @@ from alpaviz.core import manual_plan as manual_plan
 from alpaviz.core import parallelize as parallelize
 from alpaviz.core import predicted_timeline as predicted_timeline
 from alpaviz.core import trace as trace
+from alpaviz import baselines as baselines
+from alpaviz.core import InfeasiblePinsError as InfeasiblePinsError
+from alpaviz.core import ModelTooLargeError as ModelTooLargeError
+from alpaviz.core import StageProfileCache as StageProfileCache
+from alpaviz.core import cluster_layers as cluster_layers
+from alpaviz.core import resolve as resolve
+from alpaviz.core import solve as solve
 
 __version__ = "0.1.0"
 
@@ -36,5 +43,9 @@ def editor(*args, **kwargs):
 __all__ = [
     "models", "Cluster", "CostModel", "DeviceSpec", "Link", "LogicalMesh", "OpGraph", "Pins",
     "Plan", "PlanFormatError", "editor", "make_spec", "mark_layer", "trace",
+]
+__all__ += [
+    "baselines", "InfeasiblePinsError", "ModelTooLargeError", "StageProfileCache", "cluster_layers",
+    "resolve", "solve",
 ]
 __all__ += ["manual_plan", "predicted_timeline", "parallelize"]  # the runtime

@@ -44,6 +44,14 @@ from alpaviz.core._timeline import Timeline as Timeline
 from alpaviz.core._timeline import TimelineEvent as TimelineEvent
 from alpaviz.core._spec import to_partition_spec as to_partition_spec
 from alpaviz.core._trace import trace as trace
+from alpaviz.core._analytic_cost import StageCostFn as StageCostFn
+from alpaviz.core._analytic_cost import analytic_stage_cost as analytic_stage_cost
+from alpaviz.core._layer_clustering import cluster_layers as cluster_layers
+from alpaviz.core._solve import InfeasiblePinsError as InfeasiblePinsError
+from alpaviz.core._solve import ModelTooLargeError as ModelTooLargeError
+from alpaviz.core._solve import resolve as resolve
+from alpaviz.core._solve import solve as solve
+from alpaviz.core._stage_profile import StageProfileCache as StageProfileCache
 
 __all__ = [
     "AXIS_NAMES", "Cluster", "DeviceSpec", "Link", "LogicalMesh", "CostModel", "CostModelProtocol",
@@ -51,6 +59,10 @@ __all__ = [
     "PredictedCost", "Schedule", "SolverInfo", "Stage", "StageCost", "graph_fingerprint",
     "PlanFormatError", "Spec", "make_spec", "shard_shape", "spec_name", "ShardingCost", "ShardingPlan",
     "Timeline", "TimelineEvent", "to_partition_spec", "trace",
+]
+__all__ += [
+    "StageCostFn", "analytic_stage_cost", "cluster_layers", "InfeasiblePinsError", "ModelTooLargeError",
+    "resolve", "solve", "StageProfileCache",
 ]
 __all__ += [  # the runtime and its helpers
     "data_parallel_specs", "manual_plan", "megatron_specs", "Instruction", "build_instructions",

@@ -1,0 +1,492 @@
+"""`av.solve`: trace, cluster layers, profile stages, run the stage DP, assemble a Plan.
+
+The traced step is one microbatch; a training step runs `num_microbatches`
+of them through the pipeline.  Every decision the pins leave open is
+solved; what they fix is honoured or reported as a conflict that names them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Sequence
+
+from alpaviz.core._analytic_cost import StageCostFn, default_stage_cost, ilp_available
+from alpaviz.core._cluster import Cluster
+from alpaviz.core._cost_model import CostModel
+from alpaviz.core._graph import OpGraph
+from alpaviz.core._inter_op import (
+    MeshChoice, NoStagePlanError, ScheduleKind, StageChoice, StageConstraints, StageCostTable, StageSolution,
+    in_flight, is_feasible, solve_stages,
+)
+from alpaviz.core._layer_clustering import cluster_layers
+from alpaviz.core._pins import Pins
+from alpaviz.core._plan import (
+    Layer, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, graph_fingerprint,
+)
+from alpaviz.core._stage_profile import (
+    ProfileTable, StageProfileCache, boundary_link, mesh_choices, profile_layers, stage_cost_table,
+)
+
+
+class InfeasiblePinsError(ValueError):
+    """The pins cannot all hold at once (or one names something that does not exist)."""
+
+
+class ModelTooLargeError(ValueError):
+    """The model does not fit the cluster's device memory under any plan."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SolveSetup:
+    """Everything `solve` decided before the DP: the layered graph, meshes, profiles, table."""
+
+    graph: OpGraph
+    cluster: Cluster
+    cost_model: CostModel
+    meshes: tuple[MeshChoice, ...]
+    profiles: ProfileTable
+    table: StageCostTable
+    memory_limit_bytes: float
+    stage_cost_name: str
+
+
+def solve(
+    fn_or_graph: Callable[..., Any] | OpGraph,
+    *args: Any,
+    cluster: Cluster,
+    cost_model: CostModel | None = None,
+    num_microbatches: int = 1,
+    schedule: ScheduleKind = "1f1b",
+    pins: Pins | None = None,
+    memory_limit: float | None = None,
+    cache: StageProfileCache | None = None,
+    progress: bool = True,
+    num_layers: int | None = None,
+    stage_cost: StageCostFn | None = None,
+    profile: bool = False,
+    submeshes: Sequence[tuple[int, int]] | None = None,
+    tolerance: float = 0.0,
+    previous: Plan | None = None,
+) -> Plan:
+    """Plan a training step for `cluster`: stages, submeshes, shardings and the pipeline schedule.
+
+    `fn_or_graph` is a step function (traced with `args`) or an `OpGraph`.
+    `pins` fix any subset of decisions; `cache` (a `StageProfileCache`)
+    makes re-solving after a pin cheap; `num_layers` merges or clusters the
+    graph's layers; `stage_cost` replaces the default per-layer cost (the
+    intra-op ILP when installed, else the analytic fallback); `profile=True`
+    measures each candidate on the local devices instead.  With `previous`
+    (a plan of the same graph) ties are broken towards its stages, so a new
+    pin moves only what it must.
+
+    Example:
+        >>> cache = av.StageProfileCache()
+        >>> plan = av.solve(step, params, batch, cluster=av.Cluster.a100_node(2), num_microbatches=8, cache=cache)
+        >>> print(plan.summary())
+    """
+    started = time.perf_counter()
+    pins = Pins() if pins is None else pins
+    setup = prepare(
+        fn_or_graph, *args, cluster=cluster, cost_model=cost_model, pins=pins, memory_limit=memory_limit,
+        cache=cache, progress=progress, num_layers=num_layers, stage_cost=stage_cost, profile=profile,
+        submeshes=submeshes,
+    )
+    constraints = constraints_from_pins(pins, setup.meshes, setup.graph.num_layers, cluster)
+    bar = _bar(progress, "stage DP", None)
+    try:
+        solution = solve_stages(
+            setup.table, cluster.num_devices, num_microbatches, schedule, setup.memory_limit_bytes,
+            constraints, tolerance=tolerance, prefer=_stages_of(previous, setup),
+            on_candidate=(lambda done, total: _tick(bar, done, total)) if bar is not None else None,
+        )
+    except NoStagePlanError:
+        raise diagnose(setup, pins, num_microbatches, schedule) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    notes = (
+        f"stage costs: {setup.stage_cost_name}; {setup.profiles.profiled} layer profiles computed, "
+        f"the rest from the cache",
+        f"t_max candidates tried: {solution.candidates_tried} of {solution.candidates_total}",
+        "stage cost = sum of its layers' costs + boundary send/recv (no resharding inside a stage)",
+    )
+    return assemble_plan(setup, solution, pins, num_microbatches, schedule, time.perf_counter() - started,
+                         notes, exact=tolerance == 0)
+
+
+def resolve(plan_or_pins: Plan | Pins, graph: OpGraph, **options: Any) -> Plan:
+    """Re-solve `graph` keeping the pins (and, from a Plan, its cluster, cost model and schedule)."""
+    if isinstance(plan_or_pins, Plan):
+        plan = plan_or_pins
+        plan.check_graph(graph)
+        options.setdefault("cluster", plan.cluster)
+        options.setdefault("cost_model", plan.cost_model)
+        options.setdefault("num_microbatches", plan.schedule.num_microbatches)
+        options.setdefault("schedule", plan.schedule.kind)
+        options.setdefault("num_layers", len(plan.layers))
+        options.setdefault("previous", plan)
+        pins = plan.pins
+    else:
+        pins = plan_or_pins
+    if "cluster" not in options:
+        raise ValueError("resolve needs cluster=... when given Pins rather than a Plan")
+    return solve(graph, pins=pins, **options)
+
+
+def prepare(
+    fn_or_graph: Callable[..., Any] | OpGraph,
+    *args: Any,
+    cluster: Cluster,
+    cost_model: CostModel | None = None,
+    pins: Pins = Pins(),
+    memory_limit: float | None = None,
+    cache: StageProfileCache | None = None,
+    progress: bool = False,
+    num_layers: int | None = None,
+    stage_cost: StageCostFn | None = None,
+    profile: bool = False,
+    submeshes: Sequence[tuple[int, int]] | None = None,
+) -> SolveSetup:
+    """Trace and layer the graph, check the pins, and build the stage cost table."""
+    if isinstance(fn_or_graph, OpGraph):
+        if args:
+            raise ValueError("solve(graph, ...) takes no example arguments when given an OpGraph")
+        graph = fn_or_graph
+    else:
+        from alpaviz.core._trace import trace
+
+        graph = trace(fn_or_graph, *args)
+    graph = cluster_layers(graph, num_layers)
+    cost_model = CostModel() if cost_model is None else cost_model
+    cache = StageProfileCache() if cache is None else cache
+    check_pins(pins, graph, cluster)
+    meshes = mesh_choices(cluster, submeshes)
+    fn = stage_cost if stage_cost is not None else default_stage_cost()
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if not ilp_available() and stage_cost is None:
+        name += " (analytic fallback: the intra-op ILP is not installed)"
+    if profile:
+        from alpaviz.core._measure import measured_stage_cost
+
+        fn = measured_stage_cost(fn)
+        name = f"measured on local devices (shardings from {name})"
+    bar = _bar(progress, "profiling layers", None)
+    try:
+        profiles = profile_layers(
+            graph, cluster, cost_model, pins, meshes, fn, cache,
+            on_profile=(lambda done, total: _tick(bar, done, total)) if bar is not None else None,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    _check_intra_op_pins(pins, profiles)
+    limit = cluster.device.memory_bytes if memory_limit is None else float(memory_limit)
+    if limit <= 0:
+        raise ValueError(f"memory_limit must be positive bytes per device, got {memory_limit}")
+    table = stage_cost_table(profiles, cluster, cost_model)
+    return SolveSetup(graph, cluster, cost_model, meshes, profiles, table, limit, name)
+
+
+def _stages_of(plan: Plan | None, setup: SolveSetup) -> tuple[StageChoice, ...]:
+    if plan is None or len(plan.layers) != setup.graph.num_layers:
+        return ()
+    index = {(m.submesh, m.logical_shape): i for i, m in enumerate(setup.meshes)}
+    return tuple(
+        StageChoice(s.layer_start, s.layer_stop, index[(s.submesh, s.logical_mesh)])
+        for s in plan.stages if (s.submesh, s.logical_mesh) in index
+    )
+
+
+def format_bytes(nbytes: float) -> str:
+    """Bytes in the largest binary unit that keeps a leading digit: '1.50 GiB', '640.00 KiB'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+# ---- pins --------------------------------------------------------------------
+
+
+def check_pins(pins: Pins, graph: OpGraph, cluster: Cluster) -> None:
+    """Raise InfeasiblePinsError for a pin that names a layer, stage, mesh or operator that cannot exist."""
+    problems = []
+    num_layers = graph.num_layers
+    for cut in pins.stage_cuts + pins.forbidden_cuts:
+        if cut >= num_layers:
+            problems.append(f"cut before layer {cut}: the graph has layers 0..{num_layers - 1}, so a cut is 1..{num_layers - 1}")
+    max_stages = min(num_layers, cluster.num_devices)
+    if pins.num_stages is not None and pins.num_stages > max_stages:
+        problems.append(
+            f"{pins.num_stages} stages: at most {max_stages} (one layer and one device per stage; "
+            f"{num_layers} layers, {cluster.num_devices} devices)"
+        )
+    limit = pins.num_stages if pins.num_stages is not None else max_stages
+    for stage, submesh in pins.stage_submeshes:
+        try:
+            cluster.validate_submesh(submesh)
+        except ValueError as err:
+            problems.append(f"stage {stage} on submesh {submesh}: {err}")
+        else:
+            if submesh not in cluster.submesh_shapes():
+                problems.append(f"stage {stage} on submesh {submesh}: choose one of {cluster.submesh_shapes()}")
+    logical_map = pins.logical_mesh_map
+    for stage, logical in pins.stage_logical_meshes:
+        submesh = pins.submesh_map.get(stage)
+        shapes = [submesh] if submesh is not None else list(cluster.submesh_shapes())
+        if not any(tuple(logical) in cluster.logical_shapes(s) for s in shapes):
+            problems.append(f"stage {stage} logical mesh {logical}: not a view of {'submesh ' + str(submesh) if submesh else 'any submesh'}")
+    for stage in set(pins.submesh_map) | set(logical_map):
+        if stage >= limit:
+            problems.append(f"stage {stage} is pinned but there can be at most {limit} stages (0..{limit - 1})")
+    for node, strategy in pins.strategies:
+        if node not in graph.node_by_name:
+            problems.append(f"{node} uses {strategy!r}: there is no operator {node!r} in the graph")
+    for tensor, spec in pins.partition_specs:
+        if tensor not in graph.tensor_by_name:
+            problems.append(f"{tensor} sharded as {spec}: there is no tensor {tensor!r} in the graph")
+    if problems:
+        raise InfeasiblePinsError("impossible pins:\n  " + "\n  ".join(problems))
+
+
+def constraints_from_pins(pins: Pins, meshes: Sequence[MeshChoice], num_layers: int, cluster: Cluster) -> StageConstraints:
+    """The inter-op pins in the DP's terms."""
+    submesh, logical = pins.submesh_map, pins.logical_mesh_map
+    stage_meshes = []
+    for stage in sorted(set(submesh) | set(logical)):
+        allowed = tuple(
+            i for i, m in enumerate(meshes)
+            if (stage not in submesh or m.submesh == tuple(submesh[stage]))
+            and (stage not in logical or m.logical_shape == tuple(logical[stage]))
+        )
+        stage_meshes.append((stage, allowed))
+    return StageConstraints(
+        required_cuts=pins.stage_cuts, forbidden_cuts=pins.forbidden_cuts,
+        num_stages=pins.num_stages, stage_meshes=tuple(stage_meshes),
+    )
+
+
+def _check_intra_op_pins(pins: Pins, profiles: ProfileTable) -> None:
+    for view, row in zip(profiles.layers, profiles.profiles):
+        if any(p.feasible for p in row):
+            continue
+        touching = [f"{n} uses {s!r}" for n, s in pins.strategies if n in set(view.nodes)]
+        touching += [f"{t} sharded as {s}" for t, s in pins.partition_specs if t in set(view.tensors)]
+        if touching:
+            reasons = sorted({p.reason for p in row})[:2]
+            raise InfeasiblePinsError(
+                f"layer {view.index} cannot run on any mesh with the pins {touching}: {'; '.join(reasons)}; "
+                f"unpin or change them"
+            )
+
+
+def _atomic_pins(pins: Pins) -> list[tuple[str, Pins]]:
+    items = [(f"cut before layer {c}", Pins(stage_cuts=(c,))) for c in pins.stage_cuts]
+    items += [(f"no cut before layer {c}", Pins(forbidden_cuts=(c,))) for c in pins.forbidden_cuts]
+    if pins.num_stages is not None:
+        items.append((f"{pins.num_stages} stages", Pins(num_stages=pins.num_stages)))
+    items += [(f"stage {s} on submesh {m}", Pins(stage_submeshes=((s, m),))) for s, m in pins.stage_submeshes]
+    items += [(f"stage {s} logical mesh {m}", Pins(stage_logical_meshes=((s, m),))) for s, m in pins.stage_logical_meshes]
+    return items
+
+
+def _union(parts: Sequence[Pins]) -> Pins:
+    return Pins(
+        stage_cuts=tuple(c for p in parts for c in p.stage_cuts),
+        forbidden_cuts=tuple(c for p in parts for c in p.forbidden_cuts),
+        num_stages=next((p.num_stages for p in parts if p.num_stages is not None), None),
+        stage_submeshes=tuple(x for p in parts for x in p.stage_submeshes),
+        stage_logical_meshes=tuple(x for p in parts for x in p.stage_logical_meshes),
+    )
+
+
+def diagnose(setup: SolveSetup, pins: Pins, num_microbatches: int, schedule: ScheduleKind) -> ValueError:
+    """Explain why no plan exists: the memory limit (with or without the pins), or conflicting pins."""
+    cluster, limit = setup.cluster, setup.memory_limit_bytes
+    n_layers = setup.graph.num_layers
+
+    def feasible(p: Pins, memory: float = limit) -> bool:
+        c = constraints_from_pins(p, setup.meshes, n_layers, cluster)
+        return is_feasible(setup.table, cluster.num_devices, num_microbatches, schedule, memory, c)
+
+    if not feasible(Pins()):
+        return _too_large(setup, _least_memory(lambda m: feasible(Pins(), m), limit), ())
+    if feasible(pins, math.inf):
+        names = [name for name, _ in _atomic_pins(pins)]
+        return _too_large(setup, _least_memory(lambda m: feasible(pins, m), limit), names)
+    atoms = _atomic_pins(pins)
+    conflict = list(atoms)
+    for atom in atoms:  # deletion filter: drop every pin the conflict does not need
+        trial = [a for a in conflict if a is not atom]
+        if not feasible(_union([p for _, p in trial]), math.inf):
+            conflict = trial
+    names = [name for name, _ in conflict]
+    return InfeasiblePinsError(
+        f"these pins cannot all hold (with {cluster.num_devices} devices and {n_layers} layers, "
+        f"whatever the memory): {names}; unpin one of them"
+    )
+
+
+def _least_memory(fits: Callable[[float], bool], limit: float) -> float:
+    """The smallest per-device memory limit under which a plan exists (bisection, 0.1% precision)."""
+    low, high = limit, 2 * limit
+    while not fits(high):
+        low, high = high, 2 * high
+        if high > 1e30:
+            return math.inf
+    while high - low > 1e-3 * high:
+        mid = (low + high) / 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    return high
+
+
+def _too_large(setup: SolveSetup, need: float, pin_names: Sequence[str]) -> ModelTooLargeError:
+    limit, n = setup.memory_limit_bytes, setup.cluster.num_devices
+    widest = []
+    for row in setup.profiles.profiles:
+        options = [p.state_bytes + p.activation_bytes for p in row if p.feasible]
+        widest.append(min(options) if options else math.inf)
+    worst = max(range(len(widest)), key=lambda i: widest[i])
+    under = f"with the pins {list(pin_names)} " if pin_names else ""
+    return ModelTooLargeError(
+        f"the model does not fit {setup.cluster.name} ({n} devices): {under}the best plan needs "
+        f"{format_bytes(need)} per device (parameters, gradients, optimizer state and in-flight "
+        f"activations) but the limit is {format_bytes(limit)} per device; its largest layer ({worst}) alone "
+        f"needs {format_bytes(widest[worst])} per device on the widest mesh. "
+        + ("Unpin the stage layout, use" if pin_names else "Use")
+        + " more devices, a smaller microbatch, or a larger memory_limit"
+    )
+
+
+# ---- the plan ----------------------------------------------------------------
+
+
+def place_stages(submeshes: Sequence[tuple[int, int]], cluster: Cluster) -> list[int]:
+    """First device of each stage's submesh: whole hosts first, then first-fit decreasing inside hosts."""
+    first = [0] * len(submeshes)
+    per_host = cluster.devices_per_host
+    used = [0] * cluster.num_hosts
+    host = 0
+    order = sorted(range(len(submeshes)), key=lambda i: -submeshes[i][0] * submeshes[i][1])
+    for i in order:
+        hosts, width = submeshes[i]
+        if hosts > 1 or width == per_host:
+            first[i] = host * per_host
+            for h in range(host, host + hosts):
+                used[h] = per_host
+            host += hosts
+            continue
+        for h in range(cluster.num_hosts):
+            if per_host - used[h] >= width:
+                first[i] = h * per_host + used[h]
+                used[h] += width
+                break
+        else:
+            raise ValueError(f"submeshes {list(submeshes)} do not pack into {cluster.name}")
+    return first
+
+
+def assemble_plan(
+    setup: SolveSetup,
+    solution: StageSolution,
+    pins: Pins,
+    num_microbatches: int,
+    schedule: ScheduleKind,
+    seconds: float,
+    notes: Sequence[str],
+    exact: bool = True,
+) -> Plan:
+    """Turn a DP solution into a Plan with per-stage costs and a step-time breakdown.
+
+    The step breakdown: `bubble_s` is the fill and drain (sum of stage times
+    minus the slowest), `cross_stage_s` the slowest stage's boundary
+    transfers over all microbatches, and the rest is split into compute,
+    communication and resharding in proportion to the stages' totals.
+    """
+    cluster, profiles, table = setup.cluster, setup.profiles, setup.table
+    n = len(solution.stages)
+    meshes = [setup.meshes[s.mesh] for s in solution.stages]
+    firsts = place_stages([m.submesh for m in meshes], cluster)
+    stages, recvs, totals = [], [], {"compute_s": 0.0, "communication_s": 0.0, "resharding_s": 0.0}
+    statuses = set()
+    for i, (choice, mesh, first) in enumerate(zip(solution.stages, meshes, firsts)):
+        rows = [(profiles.layers[l], profiles.profiles[l][choice.mesh]) for l in range(choice.start, choice.stop)]
+        statuses.update(p.status for _, p in rows)
+        fwd = sum(p.forward_s for _, p in rows)
+        bwd = sum(p.backward_s for _, p in rows)
+        link = boundary_link(cluster, mesh.submesh)
+        recv_in = setup.cost_model.send_recv(profiles.forward_cut_bytes[choice.start], link) if choice.start else 0.0
+        recv_back = (setup.cost_model.send_recv(profiles.backward_cut_bytes[choice.stop], link)
+                     if choice.stop < len(profiles.layers) else 0.0)
+        recvs.append(recv_in + recv_back)
+        state = sum(p.state_bytes for _, p in rows)
+        act = sum(p.activation_bytes for _, p in rows)
+        keep = in_flight(i, n, num_microbatches, schedule)
+        for key in totals:
+            totals[key] += sum(getattr(p, key) for _, p in rows)
+        strategies: dict[str, str] = {}
+        specs: dict[str, Any] = {}
+        for view, p in rows:
+            strategies.update(p.named_strategies(view))
+            for t, s in p.named_specs(view):
+                specs.setdefault(t, s)
+        stages.append(Stage(
+            index=i, layer_start=choice.start, layer_stop=choice.stop, submesh=mesh.submesh,
+            device_ids=tuple(range(first, first + mesh.num_devices)), logical_mesh=mesh.logical_shape,
+            strategies=tuple(sorted(strategies.items())), partition_specs=tuple(sorted(specs.items())),
+            cost=StageCost(
+                forward_s=fwd + recv_in, backward_s=bwd + recv_back,
+                update_s=sum(p.update_s for _, p in rows),
+                compute_s=sum(p.compute_s for _, p in rows),
+                communication_s=sum(p.communication_s for _, p in rows) + recv_in + recv_back,
+                resharding_s=sum(p.resharding_s for _, p in rows),
+                memory_bytes=state + keep * act, activation_bytes=act,
+            ),
+        ))
+    times = [s.cost.microbatch_s for s in stages]
+    slowest = max(range(n), key=lambda i: times[i])
+    step = solution.objective_s
+    bubble = sum(times) - times[slowest]
+    cross = num_microbatches * recvs[slowest]
+    rest = max(step - bubble - cross, 0.0)
+    weight = sum(totals.values()) or 1.0
+    predicted = PredictedCost(
+        step_time_s=step,
+        compute_s=rest * totals["compute_s"] / weight,
+        communication_s=rest * totals["communication_s"] / weight,
+        resharding_s=rest * totals["resharding_s"] / weight,
+        cross_stage_s=cross,
+        bubble_s=bubble,
+        max_memory_bytes=max(s.cost.memory_bytes for s in stages),
+        memory_limit_bytes=setup.memory_limit_bytes,
+    )
+    if "time_limited" in statuses:
+        status = "time_limited"
+    elif not exact or statuses - {"optimal", "pinned"}:
+        status = "heuristic"
+    else:
+        status = "optimal"
+    layers = tuple(Layer(v.index, v.nodes, v.flops) for v in profiles.layers)
+    return Plan(
+        model=setup.graph.name, graph_fingerprint=graph_fingerprint(setup.graph), cluster=cluster,
+        cost_model=setup.cost_model, layers=layers, stages=tuple(stages),
+        schedule=Schedule(schedule, num_microbatches), predicted=predicted, pins=pins,
+        solver=SolverInfo(status=status, seconds=seconds, objective=step, notes=tuple(notes)),
+    )
+
+
+def _bar(enabled: bool, desc: str, total: int | None):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+def _tick(bar, done: int, total: int) -> None:
+    if bar.total != total:
+        bar.total = total
+    bar.n = done
+    bar.refresh()
