@@ -174,6 +174,30 @@ class Cluster:
             name=f"local {len(devices)}x{devices[0].platform}",
         )
 
+    @classmethod
+    def ray(
+        cls,
+        num_hosts: int = 2,
+        devices_per_host: int = 4,
+        peak_flops: float = 5e10,
+        memory_bytes: float = 2e9,
+        link: Link = Link(alpha_s=1e-5, bandwidth_bytes_per_s=5e9),
+        inter_host: Link = Link(alpha_s=1e-4, bandwidth_bytes_per_s=1e9),
+    ) -> "Cluster":
+        """Hosts run as Ray actors, one per host (for tests: each with K virtual CPU devices).
+
+        Plan on it, then run with `av.parallelize(step, plan, engine="ray",
+        ray_options={"address": "auto"})` (no address: a local Ray).
+        """
+        return cls(
+            num_hosts=num_hosts,
+            devices_per_host=devices_per_host,
+            device=DeviceSpec("ray-cpu", peak_flops, memory_bytes, 2e10),
+            intra_host=link,
+            inter_host=inter_host,
+            name=f"ray {num_hosts}x{devices_per_host} cpu",
+        )
+
     # ---- submeshes -----------------------------------------------------
     def submesh_shapes(self) -> tuple[tuple[int, int], ...]:
         """Alpa's submesh shapes: (1, 2^k) inside a host, then (n, all devices) across n hosts."""

@@ -232,8 +232,8 @@ class ParallelStep:
 
     @staticmethod
     def fetch(tree: Any) -> Any:
-        """The results as numpy arrays on the host (gathers every shard)."""
-        return jax.device_get(tree)
+        """The results as numpy arrays on the host (gathers every shard; fetches Ray results)."""
+        return jax.tree.map(lambda x: np.asarray(x) if _is_remote(x) else jax.device_get(x), tree)
 
     # ---- running -----------------------------------------------------------
     def _prepare(self, args: tuple[Any, ...]) -> None:
@@ -290,6 +290,10 @@ class ParallelStep:
             self._engine.close()
         self._engine = None
         self.compiled = None
+
+
+def _is_remote(x: Any) -> bool:
+    return type(x).__name__ == "RemoteValue" and hasattr(x, "handle")
 
 
 def parallelize(
