@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
@@ -28,17 +27,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_for_http(url: str, server: subprocess.Popen, timeout_s: float = 120.0) -> None:
+def _wait_for_port(port: int, server: subprocess.Popen, log: pathlib.Path, timeout_s: float = 240.0) -> None:
+    """Wait until the server listens (it traces and solves the model first); a connect opens no page."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            pytest.fail(f"the panel app exited with code {server.returncode}:\n{server.stdout.read()}")
+            pytest.fail(f"the panel app exited with code {server.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            urllib.request.urlopen(url, timeout=2)
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return
         except OSError:
             time.sleep(0.5)
-    pytest.fail(f"the panel app did not answer on {url} within {timeout_s:.0f} s")
+    pytest.fail(f"the panel app did not listen on port {port} within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture
@@ -57,11 +57,13 @@ def app_url():
         command += ["--solver", "test_view_model:hand_solver"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent),
                                                          os.environ.get("PYTHONPATH", "")]))
-    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "browser_server.log"
+    with open(log, "w") as out:  # a file, not a pipe: a full pipe would stall the server
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        url = f"http://127.0.0.1:{port}/"
-        _wait_for_http(url, server)
-        yield url
+        _wait_for_port(port, server, log)
+        yield f"http://127.0.0.1:{port}/"
     finally:
         server.terminate()
         try:
@@ -79,7 +81,6 @@ def _cuts(text: str) -> set[int]:
 def test_pin_a_cut_in_the_browser_and_resolve(app_url):
     from playwright.sync_api import sync_playwright
 
-    ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:

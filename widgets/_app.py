@@ -194,13 +194,17 @@ def default_session(num_layers: int = 4, solver=None, cache: Any = None) -> Edit
                          step_fn=step, example_args=(params, batch))
 
 
-def create_app(num_layers: int = 4, solver=None, cache: Any = None) -> pn.Column:
-    """A fresh page (one session per browser tab; pass one `cache` to share stage profiles between tabs)."""
+def _page(make_session) -> pn.Column:
     pn.extension("plotly")
     try:
-        return PanelEditor(default_session(num_layers, solver, cache)).layout
+        return PanelEditor(make_session()).layout
     except ValueError as err:  # e.g. no solver in this alpaviz yet: say so on the page
         return pn.Column(pn.pane.Markdown("## alpaviz plan editor"), pn.pane.HTML(_message(False, str(err))))
+
+
+def create_app(num_layers: int = 4, solver=None, cache: Any = None) -> pn.Column:
+    """A fresh page with its own session (solves the default model when the page opens)."""
+    return _page(lambda: default_session(num_layers, solver, cache))
 
 
 def load_solver(spec: str | None):
@@ -216,12 +220,25 @@ def load_solver(spec: str | None):
 
 
 def serve(port: int = 5006, address: str = "127.0.0.1", num_layers: int = 4, solver=None, show: bool = False) -> Any:
-    """Start the panel server on `address:port` (blocking)."""
-    from alpaviz.widgets._session import core_function
+    """Start the panel server on `address:port` (blocking).
 
-    make_cache = core_function("_stage_profile", "StageProfileCache")
-    cache = make_cache() if make_cache is not None else None
-    return pn.serve(lambda: create_app(num_layers, solver, cache), port=port, address=address, show=show,
+    The default model is traced and solved once here; each browser tab then
+    starts from that plan with its own session and a shared stage-profile cache.
+    """
+    try:
+        first = default_session(num_layers, solver)
+    except ValueError as err:  # no first plan: every page says why
+        reason = str(err)
+
+        def fresh() -> EditorSession:
+            raise ValueError(reason)
+    else:
+        def fresh() -> EditorSession:
+            return EditorSession(first.graph, first.plan, whatif=first.whatif, solver=first.solver,
+                                 solve_options={"cache": first.cache}, step_fn=first.step_fn,
+                                 example_args=first.example_args)
+
+    return pn.serve(lambda: _page(fresh), port=port, address=address, show=show,
                     websocket_origin=[f"{address}:{port}", f"localhost:{port}"], title="alpaviz plan editor")
 
 
