@@ -23,7 +23,8 @@ from alpaviz.core._graph import OpGraph
 from alpaviz.core._layer_clustering import cluster_layers
 from alpaviz.core._pins import Pins
 from alpaviz.core._plan import Plan
-from alpaviz.core._solve import solve
+from alpaviz.core._inter_op import StageChoice
+from alpaviz.core._solve import evaluate_stages, prepare, solve
 from alpaviz.core._spec import replicated
 
 
@@ -56,6 +57,22 @@ def data_parallel_pins(graph: OpGraph, cluster: Cluster) -> Pins:
     return pins
 
 
+_SETUP_OPTIONS = ("cost_model", "memory_limit", "cache", "progress", "num_layers", "stage_cost", "profile")
+
+
+def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    setup = {k: v for k, v in options.items() if k in _SETUP_OPTIONS}
+    run = {k: v for k, v in options.items() if k in ("num_microbatches", "schedule")}
+    unknown = set(options) - set(setup) - set(run)
+    if unknown:
+        raise TypeError(f"unknown baseline option(s) {sorted(unknown)}")
+    return setup, run
+
+
+def _mesh_index(meshes, submesh: tuple[int, int], logical: tuple[int, int]) -> int:
+    return next(i for i, m in enumerate(meshes) if m.submesh == submesh and m.logical_shape == logical)
+
+
 def data_parallel(
     fn_or_graph: Callable[..., Any] | OpGraph, *args: Any, cluster: Cluster,
     stage_cost: StageCostFn | None = None, num_layers: int | None = None, **options: Any,
@@ -63,10 +80,13 @@ def data_parallel(
     """Pure data parallelism on every device (raises ModelTooLargeError when the replicas do not fit)."""
     graph = _graph(fn_or_graph, args, num_layers)
     fn = stage_cost if stage_cost is not None else default_stage_cost()
+    setup_options, run = _split(options)
     pins = data_parallel_pins(graph, cluster)
-    if fn is analytic_stage_cost:
+    if fn is analytic_stage_cost:  # pure data parallel by construction; no sharding pins needed
         pins = Pins(num_stages=1).with_submesh(0, whole_cluster(cluster), (cluster.num_devices, 1))
-    return solve(graph, cluster=cluster, pins=pins, stage_cost=fn, **options)
+    setup = prepare(graph, cluster=cluster, pins=pins, stage_cost=fn, **setup_options)
+    mesh = _mesh_index(setup.meshes, whole_cluster(cluster), (cluster.num_devices, 1))
+    return evaluate_stages(setup, [StageChoice(0, graph.num_layers, mesh)], pins, **run)
 
 
 def _submesh_of(devices: int, cluster: Cluster) -> tuple[int, int] | None:
@@ -76,9 +96,9 @@ def _submesh_of(devices: int, cluster: Cluster) -> tuple[int, int] | None:
     return None
 
 
-def grid_pins(graph: OpGraph, cluster: Cluster) -> list[tuple[str, Pins]]:
-    """Every DP x TP x PP configuration with uniform stages, as (label, pins)."""
-    n, num_layers = cluster.num_devices, graph.num_layers
+def grid_configs(num_layers: int, cluster: Cluster) -> list[tuple[str, tuple[int, ...], tuple[int, int], tuple[int, int]]]:
+    """Every DP x TP x PP configuration with uniform stages: (label, cuts, submesh, (dp, tp))."""
+    n = cluster.num_devices
     configs = []
     for pp in range(1, min(n, num_layers) + 1):
         if n % pp:
@@ -86,13 +106,21 @@ def grid_pins(graph: OpGraph, cluster: Cluster) -> list[tuple[str, Pins]]:
         submesh = _submesh_of(n // pp, cluster)
         if submesh is None:
             continue
-        cuts = sorted({round(i * num_layers / pp) for i in range(1, pp)})
+        cuts = tuple(sorted({round(i * num_layers / pp) for i in range(1, pp)}))
         for dp, tp in cluster.logical_shapes(submesh):
-            pins = Pins(stage_cuts=tuple(cuts), num_stages=pp)
-            for stage in range(pp):
-                pins = pins.with_submesh(stage, submesh, (dp, tp))
-            configs.append((f"dp{dp} x tp{tp} x pp{pp}", pins))
+            configs.append((f"dp{dp} x tp{tp} x pp{pp}", cuts, submesh, (dp, tp)))
     return configs
+
+
+def grid_pins(graph: OpGraph, cluster: Cluster) -> list[tuple[str, Pins]]:
+    """The grid configurations as pins (solving with them reproduces `megatron_grid`'s plans)."""
+    out = []
+    for label, cuts, submesh, logical in grid_configs(graph.num_layers, cluster):
+        pins = Pins(stage_cuts=cuts, num_stages=len(cuts) + 1)
+        for stage in range(len(cuts) + 1):
+            pins = pins.with_submesh(stage, submesh, logical)
+        out.append((label, pins))
+    return out
 
 
 def megatron_grid(
@@ -100,20 +128,26 @@ def megatron_grid(
     stage_cost: StageCostFn | None = None, num_layers: int | None = None, return_all: bool = False,
     **options: Any,
 ) -> Plan | list[tuple[str, Plan]]:
-    """The best Megatron-style grid plan (DP x TP x PP, uniform stages); all of them with `return_all`.
+    """The best Megatron-style grid plan (DP x TP x PP, uniform stages); all that fit with `return_all`.
 
-    Configurations that do not fit in memory are skipped; if none fits, the
-    last error is raised.
+    Priced from the same stage profiles as `solve` (pass the same `cache`).
+    Configurations that do not fit in memory or cannot split the batch are
+    skipped; if none fits, the last reason is raised.
     """
-    graph = _graph(fn_or_graph, args, None if num_layers is None else num_layers)
+    graph = _graph(fn_or_graph, args, num_layers)
     fn = stage_cost if stage_cost is not None else default_stage_cost()
-    options.setdefault("progress", False)
+    setup_options, run = _split(options)
+    setup_options.setdefault("progress", False)
+    setup = prepare(graph, cluster=cluster, stage_cost=fn, **setup_options)
     plans: list[tuple[str, Plan]] = []
     error: ValueError | None = None
-    for label, pins in grid_pins(graph, cluster):
+    for label, cuts, submesh, logical in grid_configs(graph.num_layers, cluster):
+        mesh = _mesh_index(setup.meshes, submesh, logical)
+        bounds = (0, *cuts, graph.num_layers)
+        stages = [StageChoice(a, b, mesh) for a, b in zip(bounds, bounds[1:])]
         try:
-            plans.append((label, solve(graph, cluster=cluster, pins=pins, stage_cost=fn, **options)))
-        except ValueError as err:  # does not fit, or a mesh the batch cannot split over
+            plans.append((label, evaluate_stages(setup, stages, Pins(), notes=(f"grid baseline {label}",), **run)))
+        except ValueError as err:
             error = err
     if not plans:
         raise error if error is not None else ValueError(f"no grid configuration fits {cluster.name}")

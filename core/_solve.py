@@ -18,7 +18,7 @@ from alpaviz.core._cost_model import CostModel
 from alpaviz.core._graph import OpGraph
 from alpaviz.core._inter_op import (
     MeshChoice, NoStagePlanError, ScheduleKind, StageChoice, StageConstraints, StageCostTable, StageSolution,
-    in_flight, is_feasible, solve_stages,
+    in_flight, is_feasible, pipeline_latency, solve_stages,
 )
 from alpaviz.core._layer_clustering import cluster_layers
 from alpaviz.core._pins import Pins
@@ -114,6 +114,51 @@ def solve(
     )
     return assemble_plan(setup, solution, pins, num_microbatches, schedule, time.perf_counter() - started,
                          notes, exact=tolerance == 0)
+
+
+def evaluate_stages(
+    setup: SolveSetup,
+    stages: Sequence[StageChoice],
+    pins: Pins = Pins(),
+    num_microbatches: int = 1,
+    schedule: ScheduleKind = "1f1b",
+    notes: Sequence[str] = (),
+) -> Plan:
+    """The Plan for one explicit stage layout, priced from the same table as the DP (no search).
+
+    Raises ModelTooLargeError naming the stage that does not fit.
+    """
+    started = time.perf_counter()
+    table, n = setup.table, len(stages)
+    used = sum(setup.meshes[s.mesh].num_devices for s in stages)
+    if used != setup.cluster.num_devices:
+        raise InfeasiblePinsError(f"the stages use {used} devices but the cluster has {setup.cluster.num_devices}")
+    times, updates = [], []
+    for i, s in enumerate(stages):
+        time_s = float(table.time_s[s.start, s.stop, s.mesh])
+        if not math.isfinite(time_s):
+            raise InfeasiblePinsError(
+                f"stage {i} (layers {s.start}..{s.stop - 1}) cannot run on {setup.meshes[s.mesh]}: "
+                f"{_reason(setup, s)}"
+            )
+        keep = in_flight(i, n, num_microbatches, schedule)
+        need = float(table.state_bytes[s.start, s.stop, s.mesh] + keep * table.activation_bytes[s.start, s.stop, s.mesh])
+        if need > setup.memory_limit_bytes:
+            raise ModelTooLargeError(
+                f"stage {i} (layers {s.start}..{s.stop - 1} on {setup.meshes[s.mesh].logical_shape}) needs "
+                f"{format_bytes(need)} per device with {keep} microbatches in flight, but the limit is "
+                f"{format_bytes(setup.memory_limit_bytes)} per device"
+            )
+        times.append(time_s)
+        updates.append(float(table.update_s[s.start, s.stop, s.mesh]))
+    solution = StageSolution(tuple(stages), pipeline_latency(times, updates, num_microbatches), max(times), 0, 0)
+    return assemble_plan(setup, solution, pins, num_microbatches, schedule, time.perf_counter() - started,
+                         (f"stage costs: {setup.stage_cost_name}", *notes))
+
+
+def _reason(setup: SolveSetup, stage: StageChoice) -> str:
+    reasons = {setup.profiles.profiles[l][stage.mesh].reason for l in range(stage.start, stage.stop)}
+    return "; ".join(sorted(r for r in reasons if r)) or "no layer profile"
 
 
 def resolve(plan_or_pins: Plan | Pins, graph: OpGraph, **options: Any) -> Plan:
@@ -330,13 +375,13 @@ def diagnose(setup: SolveSetup, pins: Pins, num_microbatches: int, schedule: Sch
 
 
 def _least_memory(fits: Callable[[float], bool], limit: float) -> float:
-    """The smallest per-device memory limit under which a plan exists (bisection, 0.1% precision)."""
+    """The smallest per-device memory limit under which a plan exists (bisection, 1% precision)."""
     low, high = limit, 2 * limit
     while not fits(high):
         low, high = high, 2 * high
         if high > 1e30:
             return math.inf
-    while high - low > 1e-3 * high:
+    while high - low > 1e-2 * high:
         mid = (low + high) / 2
         low, high = (low, mid) if fits(mid) else (mid, high)
     return high

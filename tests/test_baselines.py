@@ -82,3 +82,16 @@ def test_data_parallel_that_does_not_fit_says_so():
     with pytest.raises(av.ModelTooLargeError, match="limit is 16.00 MiB"):
         av.baselines.data_parallel(graph, cluster=av.Cluster.a100_node(1, 4), memory_limit=16 * 2**20,
                                    stage_cost=analytic_stage_cost, progress=False)
+
+
+def test_grid_plans_equal_the_dp_under_the_same_pins(gpt):
+    cluster = av.Cluster.a100_node(1, 4)
+    cache = StageProfileCache()
+    options = dict(cluster=cluster, num_microbatches=4, stage_cost=analytic_stage_cost, cache=cache, progress=False)
+    direct = dict(av.baselines.megatron_grid(gpt, return_all=True, **options))
+    for label, pins in av.baselines.grid_pins(gpt, cluster):
+        if label not in direct:
+            continue
+        pinned = av.solve(gpt, pins=pins, **options)
+        assert pinned.predicted.step_time_s == pytest.approx(direct[label].predicted.step_time_s, rel=1e-12)
+        assert pinned.stages == direct[label].stages
