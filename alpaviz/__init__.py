@@ -49,3 +49,10 @@ __all__ += [
     "resolve", "solve",
 ]
 __all__ += ["manual_plan", "predicted_timeline", "parallelize"]  # the runtime
+
+# the intra-operator pass: av.solve_sharding(step, params, batch, mesh_shape=(r, c)), av.shard_step(...)
+from alpaviz.core import ShardingInfeasibleError as ShardingInfeasibleError
+from alpaviz.core import shard_step as shard_step
+from alpaviz.core import solve_sharding_auto as solve_sharding
+
+__all__ += ["ShardingInfeasibleError", "shard_step", "solve_sharding"]

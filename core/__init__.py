@@ -68,3 +68,16 @@ __all__ += [  # the runtime and its helpers
     "data_parallel_specs", "manual_plan", "megatron_specs", "Instruction", "build_instructions",
     "predicted_timeline", "ParallelStep", "parallelize", "StageError",
 ]
+
+# the intra-operator pass (sharding ILP) and applying its plan
+from alpaviz.core._apply_sharding import shard_step as shard_step
+from alpaviz.core._intra_op import ShardingInfeasibleError as ShardingInfeasibleError
+from alpaviz.core._intra_op import collective_counts as collective_counts
+from alpaviz.core._intra_op import solve_sharding as solve_sharding
+from alpaviz.core._intra_op import solve_sharding_auto as solve_sharding_auto
+from alpaviz.core._strategies import strategy_names as strategy_names
+
+__all__ += [
+    "shard_step", "ShardingInfeasibleError", "collective_counts", "solve_sharding", "solve_sharding_auto",
+    "strategy_names",
+]
