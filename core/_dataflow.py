@@ -187,9 +187,15 @@ def analyze(graph: OpGraph, plan, batch_inputs: Collection[str] = ()) -> Dataflo
                 _check_direction(graph, t, producer[t], src, dst)
                 if src[0] != dst[0]:
                     edge_tensors.setdefault((*src, *dst), []).append(t)
+    # A tensor a stage's forward already received stays in its per-microbatch buffers until the
+    # backward of that microbatch has run, so the backward needs no second copy.
+    for (s, sr, d, dr), ts in list(edge_tensors.items()):
+        if sr != "update" and dr == "backward" and (s, sr, d, "forward") in edge_tensors:
+            forward_copy = set(edge_tensors[(s, sr, d, "forward")])
+            edge_tensors[(s, sr, d, dr)] = [t for t in ts if t not in forward_copy]
     edges = tuple(
         TensorEdge(s, sr, d, dr, float(sum(graph.tensor(t).nbytes for t in ts)), tuple(ts))
-        for (s, sr, d, dr), ts in sorted(edge_tensors.items())
+        for (s, sr, d, dr), ts in sorted(edge_tensors.items()) if ts
     )
 
     reduction: dict[str, Reduction] = {}

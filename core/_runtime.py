@@ -25,7 +25,7 @@ import numpy as np
 from alpaviz.core._dataflow import Dataflow, TensorEdge, analyze
 from alpaviz.core._graph import OpGraph
 from alpaviz.core._plan import Plan, graph_fingerprint
-from alpaviz.core._schedule import ONCE, Instruction, Program, build_instructions, interleave
+from alpaviz.core._schedule import ONCE, Instruction, Program, build_instructions, fusable_runs, interleave
 from alpaviz.core._stage_runner import StageError, StageRunner
 from alpaviz.core._timeline import Timeline, TimelineEvent
 from alpaviz.core._trace import trace
@@ -314,7 +314,9 @@ def parallelize(
     `batch_argnums` are the arguments split into microbatches (dim 0).
     `engine="ray"` runs each host's stages in a Ray actor (see
     `av.Cluster.ray`/`ray_options`).  `record_trace` blocks after every
-    instruction to time it (`step.last_trace()`); turn it off for speed.
+    instruction to time it (`step.last_trace()`); turn it off for speed:
+    untimed local steps also fuse a mesh's back-to-back forward and backward
+    (and, for one stage and one microbatch, the update) into one executable.
     `compiler_options` go to every stage's `jax.jit` (e.g.
     `{"xla_backend_optimization_level": 0}` to compile faster).
 
@@ -350,6 +352,7 @@ class LocalEngine:
                 f"importing jax, or use a plan for {len(devices)} devices"
             )
         self.compiled = compiled
+        self.fused = fusable_runs(compiled.program)
         self.runners = [
             StageRunner(compiled.graph, compiled.flow, s, [devices[d] for d in s.device_ids],
                         compiled.num_microbatches, compiled.batch_inputs, dict(compiled.aliases), donate,
@@ -361,6 +364,7 @@ class LocalEngine:
         """The same runners (and compiled tasks) driven by other instruction lists."""
         other = object.__new__(LocalEngine)
         other.compiled = compiled
+        other.fused = fusable_runs(compiled.program)
         other.runners = self.runners
         return other
 
@@ -370,10 +374,20 @@ class LocalEngine:
         events: list[TimelineEvent] = []
         pending: dict[tuple, dict[str, Any]] = {}
         t0 = time.perf_counter()
+        absorbed: set[tuple[int, str, int]] = set()
         for ins in c.order:
             start = time.perf_counter()
             runner = self.runners[ins.stage]
             produced: list[Any] = []
+            key = (ins.stage, ins.role, ins.microbatch)
+            if ins.op == "run" and key in absorbed:
+                continue
+            if ins.op == "run" and not record and key in self.fused:
+                # Untimed steps run back-to-back tasks as one executable (no residuals between).
+                roles = self.fused[key]
+                runner.run_group(roles, ins.microbatch)
+                absorbed.update((ins.stage, r, ONCE if r == "update" else ins.microbatch) for r in roles[1:])
+                continue
             if ins.op == "run":
                 produced = runner.run(ins.role, ins.microbatch)
             elif ins.op == "send":

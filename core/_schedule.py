@@ -155,6 +155,29 @@ def build_instructions(
     return tuple(program)
 
 
+def fusable_runs(program: Program) -> dict[tuple[int, str, int], tuple[str, ...]]:
+    """RUNs a driver may execute as one executable: (stage, role, mb) of the first -> the roles fused.
+
+    A forward immediately followed on its mesh by the backward of the same
+    microbatch (nothing sent or received between: the last stage under
+    1F1B, or a lone stage) fuses into one forward+backward; when that is
+    the whole list apart from a FREE and the update (one stage, one
+    microbatch), the update joins too, giving one executable per step.
+    """
+    out: dict[tuple[int, str, int], tuple[str, ...]] = {}
+    for stage, lst in enumerate(program):
+        for i, ins in enumerate(lst[:-1]):
+            nxt = lst[i + 1]
+            if not (ins.op == "run" and ins.role == "forward" and nxt.op == "run" and nxt.role == "backward"
+                    and nxt.microbatch == ins.microbatch):
+                continue
+            rest = [x for x in lst[i + 2:] if x.op != "free"]
+            whole = i == 0 and len(rest) == 1 and rest[0].op == "run" and rest[0].role == "update"
+            out[(stage, "forward", ins.microbatch)] = ("forward", "backward", "update") if whole else (
+                "forward", "backward")
+    return out
+
+
 def max_live_microbatches(instructions: Sequence[Instruction]) -> int:
     """The most microbatches whose forward activations one list holds at once."""
     live: set[int] = set()

@@ -9,6 +9,7 @@ what a RECV brings.  How bytes move between meshes is the caller's business
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -72,7 +73,13 @@ class StageRunner:
         self._read_per_mb = {
             t for task in flow.tasks if task.role != "update" for t in task.inputs
         }
-        self._fns: dict[str, Any] = {}
+        self._readers: dict[str, set[tuple[int, str]]] = {}
+        for task in flow.tasks:
+            for t in task.inputs:
+                self._readers.setdefault(t, set()).add((task.stage, task.role))
+        self._graph_outputs = frozenset(graph.outputs)
+        self._groups: dict[tuple[str, ...], _Group] = {}
+        self._fns: dict[tuple[str, ...], Any] = {}
         self._zeros: dict[str, Any] = {}
         self.reset()
 
@@ -130,6 +137,31 @@ class StageRunner:
         return self.step_values[name]
 
     # ---- execution -------------------------------------------------------
+    def _group(self, roles: tuple[str, ...]) -> "_Group":
+        """Nodes, inputs and outputs of one or more of this stage's tasks run as one executable.
+
+        An output is kept when a task outside the group, the step's result or
+        a microbatch reduction needs it; what only the group itself reads
+        (e.g. forward residuals inside a fused forward+backward) stays inside.
+        """
+        if roles in self._groups:
+            return self._groups[roles]
+        tasks = [self.tasks[r] for r in roles]
+        members = {(self.index, r) for r in roles}
+        names = {n for task in tasks for n in task.nodes}
+        nodes = tuple(node for node in self.graph.nodes if node.name in names)
+        produced = {t for node in nodes for t in node.outputs}
+        inputs = tuple(dict.fromkeys(t for task in tasks for t in task.inputs if t not in produced))
+        outputs = tuple(dict.fromkeys(
+            t for task in tasks for t in task.outputs
+            if t in self._graph_outputs or t in self.reduction or self._readers.get(t, set()) - members
+        ))
+        accumulated = tuple(t for r in roles for t in self._accumulated(r))
+        donated = self._donated_names(roles, inputs, outputs)
+        group = _Group(roles, nodes, inputs, outputs, accumulated, donated)
+        self._groups[roles] = group
+        return group
+
     def _accumulated(self, role: str) -> tuple[str, ...]:
         if self.num_microbatches == 1 or role == "update":
             return ()
@@ -145,54 +177,43 @@ class StageRunner:
                 out.append(t)
         return tuple(out)
 
-    def _build(self, role: str) -> Any:
-        task = self.tasks[role]
-        nodes = [self.graph.node(n) for n in task.nodes]
-        accumulated = self._accumulated(role)
+    def _donated_names(self, roles, inputs, outputs) -> tuple[str, ...]:
+        """Old params the update may overwrite in place; only when the user asked for donation."""
+        if not self.donate or "update" not in roles:
+            return ()
+        replaced = {self.aliases[t] for t in outputs if t in self.aliases}
+        return tuple(t for t in inputs if t in replaced)
+
+    def _build(self, group: "_Group") -> Any:
         scale = 1.0 / self.num_microbatches
-        specs = self.specs
         constrain = {
-            t: self.sharding(t) for t in self.graph.tensor_by_name if t in specs or t in self.aliases
+            t: self.sharding(t) for t in self.graph.tensor_by_name if t in self.specs or t in self.aliases
         }
+        donated = set(group.donated)
+        names = group.donated + tuple(t for t in group.inputs if t not in donated)
 
         def shard(name: str, value: Any) -> Any:
             s = constrain.get(name)
             return value if s is None else jax.lax.with_sharding_constraint(value, s)
 
-        def fn(donated: tuple, kept: tuple, accs: tuple) -> tuple[tuple, tuple]:
-            names = self._donated_names(role) + self._kept_names(role)
-            env = evaluate(self.graph, dict(zip(names, donated + kept)), nodes, task.outputs, shard)
-            outs = tuple(env[t] for t in task.outputs)
+        def fn(donated_args: tuple, kept_args: tuple, accs: tuple) -> tuple[tuple, tuple]:
+            env = evaluate(self.graph, dict(zip(names, donated_args + kept_args)), group.nodes, group.outputs, shard)
             new_accs = tuple(
-                jax.lax.with_sharding_constraint(acc + env[t] * jnp_scale(env[t], scale), self._acc_sharding(t))
-                for t, acc in zip(accumulated, accs)
+                jax.lax.with_sharding_constraint(acc + env[t] * jnp_scale(env[t], scale), self.sharding(t))
+                for t, acc in zip(group.accumulated, accs)
             )
-            return outs, new_accs
+            return tuple(env[t] for t in group.outputs), new_accs
 
         return jax.jit(
             fn,
-            donate_argnums=(0,) if self._donated_names(role) else (),
+            donate_argnums=(0,) if group.donated else (),
             compiler_options=self.compiler_options or None,
         )
-
-    def _donated_names(self, role: str) -> tuple[str, ...]:
-        """Old params the update may overwrite in place; only when the user asked for donation."""
-        if not self.donate or role != "update":
-            return ()
-        replaced = {self.aliases[t] for t in self.tasks[role].outputs if t in self.aliases}
-        return tuple(t for t in self.tasks[role].inputs if t in replaced)
-
-    def _kept_names(self, role: str) -> tuple[str, ...]:
-        donated = set(self._donated_names(role))
-        return tuple(t for t in self.tasks[role].inputs if t not in donated)
-
-    def _acc_sharding(self, tensor: str) -> NamedSharding:
-        return self.sharding(tensor)
 
     def _zeros_for(self, tensor: str) -> Any:
         if tensor not in self._zeros:
             info = self.graph.tensor(tensor)
-            self._zeros[tensor] = jax.device_put(np.zeros(info.shape, info.dtype), self._acc_sharding(tensor))
+            self._zeros[tensor] = jax.device_put(np.zeros(info.shape, info.dtype), self.sharding(tensor))
         return self._zeros[tensor]
 
     def _lookup(self, tensor: str, microbatch: int) -> Any:
@@ -207,29 +228,46 @@ class StageRunner:
 
     def run(self, role: str, microbatch: int) -> list[Any]:
         """Run one task; returns its fresh outputs (for the caller to block on when timing)."""
-        task = self.tasks[role]
-        if not task.nodes:
+        return self.run_group((role,), microbatch)
+
+    def run_group(self, roles: tuple[str, ...], microbatch: int) -> list[Any]:
+        """Run tasks of this stage back to back as one executable (e.g. forward+backward of a microbatch)."""
+        group = self._group(tuple(roles))
+        if not group.nodes:
             return []
-        if role not in self._fns:
-            self._fns[role] = self._build(role)
-        donated = tuple(self._lookup(t, microbatch) for t in self._donated_names(role))
-        kept = tuple(self._lookup(t, microbatch) for t in self._kept_names(role))
-        accumulated = self._accumulated(role)
+        if group.roles not in self._fns:
+            self._fns[group.roles] = self._build(group)
+        lookup_mb = microbatch
+        donated_set = set(group.donated)
+        donated = tuple(self._lookup(t, lookup_mb) for t in group.donated)
+        kept = tuple(self._lookup(t, lookup_mb) for t in group.inputs if t not in donated_set)
         first = microbatch in (0, ONCE)
-        accs = tuple(self._zeros_for(t) if first else self.step_values[t] for t in accumulated)
+        accs = tuple(self._zeros_for(t) if first else self.step_values[t] for t in group.accumulated)
         try:
-            outs, new_accs = self._fns[role](donated, kept, accs)
+            outs, new_accs = self._fns[group.roles](donated, kept, accs)
         except Exception as err:  # compile or runtime failure inside the stage
-            raise StageError(f"{self.describe()}, {role} task, microbatch {microbatch}: {err}") from err
-        summed = set(accumulated)
-        for t, v in zip(task.outputs, outs):
+            what = "+".join(roles)
+            raise StageError(f"{self.describe()}, {what} task, microbatch {microbatch}: {err}") from err
+        summed = set(group.accumulated)
+        for t, v in zip(group.outputs, outs):
+            role = self._producer[t][1]
             if role == "update" or (t in self.reduction and t not in summed):
                 self.step_values[t] = v  # once-per-step values, or the "last"/single-microbatch ones
             if role != "update" and t in self._read_per_mb:
-                self.mb_values[(t, microbatch)] = v
-        for t, v in zip(accumulated, new_accs):
+                self.mb_values[(t, 0 if microbatch == ONCE else microbatch)] = v
+        for t, v in zip(group.accumulated, new_accs):
             self.step_values[t] = v
         return list(outs) + list(new_accs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Group:
+    roles: tuple[str, ...]
+    nodes: tuple[Any, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    accumulated: tuple[str, ...]
+    donated: tuple[str, ...]
 
 
 def _canonical(pspec: PartitionSpec) -> PartitionSpec:

@@ -16,18 +16,23 @@ STEPS = 3
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 
 
-def mlp(num_layers: int = 4, width: int = 32, batch: int = 8):
-    """A tanh MLP with a layer marker between layers, and its mean-squared-error SGD step."""
+def mlp(num_layers: int = 4, width: int = 32, batch: int = 8, tie: bool = False):
+    """A tanh MLP with a layer marker between layers, and its mean-squared-error SGD step.
+
+    With `tie`, the last layer reuses the first layer's weight (like a tied embedding).
+    """
     keys = jax.random.split(jax.random.key(0), num_layers + 2)
+    num_weights = num_layers - 1 if tie else num_layers
     params = {
-        "w": [jax.random.normal(keys[i], (width, width)) * width**-0.5 for i in range(num_layers)],
+        "w": [jax.random.normal(keys[i], (width, width)) * width**-0.5 for i in range(num_weights)],
         "b": [jnp.zeros((width,)) for _ in range(num_layers)],
     }
     data = {"x": jax.random.normal(keys[-2], (batch, width)), "y": jax.random.normal(keys[-1], (batch, width))}
 
     def loss(params, batch):
         x = batch["x"]
-        for i, (w, b) in enumerate(zip(params["w"], params["b"])):
+        weights = params["w"] + [params["w"][0]] if tie else params["w"]
+        for i, (w, b) in enumerate(zip(weights, params["b"])):
             x = jnp.tanh(x @ w + b)
             if i < num_layers - 1:
                 x = av.mark_layer(x)
@@ -120,25 +125,18 @@ def test_parallel_step_matches_single_device_over_three_steps(model, layout):
         stage = producer[out_name][0]
         assert leaf.sharding == runners[stage].sharding(out_name)
         assert set(leaf.sharding.device_set) == {jax.devices()[d] for d in plan.stages[stage].device_ids}
-
-
-def test_tensor_parallel_params_are_split_on_the_model_axis(model):
-    name, step, params, batch, graph, tp, reference = model
-    plan = manual_plan(graph, av.Cluster.local(), logical_meshes=(1, 8), partition_specs=tp)
-    parallel = parallelize(step, plan, compiler_options=FAST_COMPILE)
-    new_params, _ = parallel(params, batch)
-    flat = dict(zip(graph.inputs, jax.tree.leaves(new_params)))
-    split = [n for n in tp if n in flat]
-    assert split
-    for n in split:
-        shard = flat[n].addressable_shards[0].data.shape
-        full = flat[n].shape
-        assert np.prod(shard) * 8 == np.prod(full), (n, shard, full)
+    if layout == "tensor_parallel":
+        # Megatron weights really are split 8 ways on the model axis, and stay so.
+        flat = dict(zip(graph.inputs, jax.tree.leaves(final)))
+        assert tp and all(n in flat for n in tp)
+        for n in tp:
+            assert np.prod(flat[n].addressable_shards[0].data.shape) * 8 == np.prod(flat[n].shape), n
 
 
 @pytest.fixture(scope="module")
-def gpt_pipeline():
-    step, params, batch = av.models.gpt(num_layers=4, hidden=32, seq_len=16, vocab=64)
+def tied_pipeline():
+    """A 4-stage 1F1B pipeline of a tied-weight MLP (the tie sends a gradient from stage 3 to 0)."""
+    step, params, batch = mlp(tie=True)
     graph = av.trace(step, params, batch)
     plan = manual_plan(graph, av.Cluster.local(), stage_cuts=(1, 2, 3), logical_meshes=(2, 1),
                        partition_specs=data_parallel_specs(graph), schedule=Schedule("1f1b", 4))
@@ -147,8 +145,8 @@ def gpt_pipeline():
     return step, params, batch, graph, plan, parallel
 
 
-def test_instruction_lists_are_the_schedule_and_bound_activation_memory(gpt_pipeline):
-    *_, plan, parallel = gpt_pipeline
+def test_instruction_lists_are_the_schedule_and_bound_activation_memory(tied_pipeline):
+    *_, plan, parallel = tied_pipeline
     lists = parallel.instructions
     assert len(lists) == 4
     runs = [[(i.role, i.microbatch) for i in lst if i.op == "run"] for lst in lists]
@@ -158,12 +156,12 @@ def test_instruction_lists_are_the_schedule_and_bound_activation_memory(gpt_pipe
         assert max_live_microbatches(lst) <= plan.num_stages - i
     gpipe = parallel.with_schedule("gpipe")
     assert all(max_live_microbatches(lst) == 4 for lst in gpipe.instructions)
-    # The tied embedding's gradient travels from the last stage to the first.
+    # The tied weight's gradient travels from the last stage to the first.
     assert any(i.op == "send" and i.peer == 0 for i in lists[3])
 
 
-def test_measured_trace_records_every_instruction(gpt_pipeline):
-    step, params, batch, graph, plan, parallel = gpt_pipeline
+def test_measured_trace_records_every_instruction(tied_pipeline):
+    step, params, batch, graph, plan, parallel = tied_pipeline
     parallel(params, batch)
     trace = parallel.last_trace()
     assert trace.source == "measured" and trace.num_stages == 4 and trace.num_microbatches == 4
@@ -180,8 +178,8 @@ def test_measured_trace_records_every_instruction(gpt_pipeline):
     assert sum(1 for e in chrome["traceEvents"] if e["ph"] == "X") == len(trace.events)
 
 
-def test_user_inputs_are_never_donated_or_mutated(gpt_pipeline):
-    step, params, batch, graph, plan, parallel = gpt_pipeline
+def test_user_inputs_are_never_donated_or_mutated(tied_pipeline):
+    step, params, batch, graph, plan, parallel = tied_pipeline
     before = jax.device_get(params)
     out1, _ = parallel(params, batch)
     kept = jax.device_get(out1)
@@ -248,3 +246,25 @@ def test_a_stage_that_fails_to_run_names_the_stage_and_mesh():
                        schedule=Schedule("1f1b", 2))
     with pytest.raises(StageError, match=r"stage 1 \(mesh 1x1 on devices \[1\]\), forward"):
         parallelize(step, plan)(params, batch)
+
+
+@pytest.mark.parametrize("layout", ["data_parallel", "pipeline2"])
+def test_untimed_steps_fuse_back_to_back_tasks_and_still_match(layout):
+    step, params, batch = mlp()
+    graph = av.trace(step, params, batch)
+    device = jax.devices()[0]
+    ref = jax.jit(step, compiler_options=FAST_COMPILE)
+    p = jax.device_put(params, device)
+    reference = []
+    for _ in range(STEPS):
+        p, loss = ref(p, batch)
+        reference.append((jax.device_get(p), float(loss)))
+    plan = manual_plan(graph, av.Cluster.local(), partition_specs=_specs(layout, graph, mlp_megatron(graph)),
+                       **LAYOUTS[layout])
+    parallel = parallelize(step, plan, record_trace=False, compiler_options=FAST_COMPILE)
+    _assert_matches(parallel, params, batch, reference)
+    fused = {roles for runner in parallel._engine.runners for roles in runner._fns}
+    expected = {("forward", "backward", "update")} if layout == "data_parallel" else {("forward", "backward")}
+    assert expected <= fused
+    with pytest.raises(ValueError, match="no step has run with record_trace=True"):
+        parallel.last_trace()
