@@ -1,0 +1,30 @@
+"""Every notebook in notebooks/ runs end to end in a kernel of this environment."""
+
+import pathlib
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert len(NOTEBOOKS) >= 3, f"expected the three tutorial notebooks, found {NOTEBOOKS}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes(path, tmp_path):
+    nb = nbformat.read(path, as_version=4)
+    assert all(not cell.get("outputs") for cell in nb.cells if cell.cell_type == "code"), (
+        f"{path.name} has committed outputs; clear them (outputs are produced by the test run)"
+    )
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()
+    errors = [
+        out for cell in nb.cells if cell.cell_type == "code"
+        for out in cell.get("outputs", []) if out.get("output_type") == "error"
+    ]
+    assert not errors
