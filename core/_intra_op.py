@@ -22,7 +22,7 @@ from alpaviz.core._sharding_ilp import Equal, IlpProblem, PairCost, evaluate, so
 from alpaviz.core._sharding_plan import ShardingCost, ShardingPlan
 from alpaviz.core._simplify import Simplified, simplify
 from alpaviz.core._spec import Spec, check_spec, spec_name
-from alpaviz.core._strategies import shard_bytes, strategy_names
+from alpaviz.core._strategies import shard_bytes, strategy_names, tensor_bytes
 
 __all__ = ["ShardingInfeasibleError", "solve_sharding", "solve_sharding_auto", "strategy_names",
            "parameter_aliases"]
@@ -241,7 +241,7 @@ class _Resharder:
         self._memo: dict = {}
 
     def __call__(self, tensor: str, src: Spec | None, dst: Spec | None) -> float:
-        nbytes = self._graph.tensor(tensor).nbytes
+        nbytes = tensor_bytes(self._graph.tensor(tensor))
         key = (nbytes, src, dst)
         if key not in self._memo:
             self._memo[key] = self._cost(nbytes, src, dst, self._mesh, self._model)

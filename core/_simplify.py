@@ -22,7 +22,7 @@ from alpaviz.core._dim_labels import IDENTITY, is_free
 from alpaviz.core._graph import OpGraph, OpNode, TensorInfo
 from alpaviz.core._resharding import resharding_cost
 from alpaviz.core._spec import Spec
-from alpaviz.core._strategies import Strategy, enumerate_strategies, usable_axes
+from alpaviz.core._strategies import Strategy, enumerate_strategies, tensor_bytes, usable_axes
 
 # Operators that always decide their own sharding.
 ANCHORS = frozenset(("dot_general", "conv_general_dilated", "gather", "scatter-add", "scatter_add"))
@@ -118,6 +118,7 @@ class _Builder:
         self.choice: dict[str, tuple[int, ...]] = {}
         self.tensor_specs: dict[str, tuple[Spec, ...]] = {}
         self._reshard_cache: dict = {}
+        self._strategy_cache: dict = {}
         self.free: set[str] = set()
         self.constant_nodes: list[str] = []
 
@@ -141,11 +142,25 @@ class _Builder:
         return self.group_of_tensor[tensor]
 
     def reshard(self, tensor: str, src: Spec | None, dst: Spec | None) -> float:
-        nbytes = self.graph.tensor(tensor).nbytes
+        nbytes = tensor_bytes(self.graph.tensor(tensor))
         key = (nbytes, src, dst)
         if key not in self._reshard_cache:
             self._reshard_cache[key] = resharding_cost(nbytes, src, dst, self.mesh, self.cost_model)
         return self._reshard_cache[key]
+
+    def _strategies(self, node: OpNode) -> tuple[Strategy, ...]:
+        """Enumerate once per distinct operator signature: identical ops share their strategies."""
+        graph = self.graph
+        try:
+            key = (node.primitive, node.params, node.flops,
+                   tuple((graph.tensor(t).shape, graph.tensor(t).dtype, is_free(graph.tensor(t))) for t in node.inputs),
+                   tuple((graph.tensor(t).shape, graph.tensor(t).dtype) for t in node.outputs))
+            hash(key)
+        except TypeError:
+            return enumerate_strategies(graph, node, self.mesh, self.cost_model, self.device)
+        if key not in self._strategy_cache:
+            self._strategy_cache[key] = enumerate_strategies(graph, node, self.mesh, self.cost_model, self.device)
+        return self._strategy_cache[key]
 
     def _cheapest(self, tensor: str, spec: Spec, operand: int, strategies: tuple[Strategy, ...],
                   order: list[int]) -> int:
@@ -166,7 +181,7 @@ class _Builder:
 
     def add(self, node: OpNode, may_follow: bool, pinned: bool = False) -> None:
         inputs = [self.resolve(t) for t in node.inputs]
-        strategies = enumerate_strategies(self.graph, node, self.mesh, self.cost_model, self.device)
+        strategies = self._strategies(node)
         self.strategies[node.name] = strategies
         if node.primitive in IDENTITY:
             for src, dst in zip(inputs, node.outputs):

@@ -10,9 +10,12 @@ axis indices: `S0R = S0R x RR` splits the lhs rows over axis 0;
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from typing import Sequence
+
+import numpy as np
 
 from alpaviz.core._cluster import DeviceSpec, LogicalMesh
 from alpaviz.core._cost_model import CostModel, CostModelProtocol
@@ -55,13 +58,26 @@ class Strategy:
         return self.compute_s + self.communication_s
 
 
+@functools.lru_cache(maxsize=None)
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
+
+
+def tensor_bytes(tensor: TensorInfo) -> int:
+    """`tensor.nbytes` without building a numpy dtype each time (this runs in the solver's inner loops)."""
+    return math.prod(tensor.shape) * _itemsize(tensor.dtype)
+
+
 def shard_bytes(tensor: TensorInfo, spec: Spec | None, mesh: LogicalMesh) -> float:
     """Per-device bytes of `tensor` under `spec` (the full size when free or unsplit)."""
-    if spec is None:
-        return float(tensor.nbytes)
-    sizes = dict(zip(mesh.axis_names, mesh.shape))
-    parts = math.prod(sizes[a] for axes in spec for a in axes)
-    return tensor.nbytes / parts
+    nbytes = tensor_bytes(tensor)
+    if not spec:
+        return float(nbytes)
+    parts = 1
+    for axes in spec:
+        for a in axes:
+            parts *= mesh.shape[mesh.axis_names.index(a)]
+    return nbytes / parts
 
 
 def usable_axes(mesh: LogicalMesh) -> tuple[str, ...]:
@@ -114,6 +130,7 @@ def _label_strategies(node: OpNode, ins: list[TensorInfo], outs: list[TensorInfo
     axis_size = dict(zip(mesh.axis_names, mesh.shape))
     axes = usable_axes(mesh)
     choices = [None, *sorted(sizes)]
+    reduced = labels.reduced
     for choice in itertools.product(choices, repeat=len(axes)):
         assign: dict[str, tuple[str, ...]] = {}
         for axis, label in zip(axes, choice):
@@ -133,7 +150,7 @@ def _label_strategies(node: OpNode, ins: list[TensorInfo], outs: list[TensorInfo
         )
         out_specs = tuple(spec_of(labs) for labs in labels.outputs)
         factor = math.prod(axis_size[a] for ax in assign.values() for a in ax)
-        partial = tuple(a for a in axes if any(a in assign.get(lab, ()) for lab in labels.reduced))
+        partial = tuple(a for a in axes if any(a in assign.get(lab, ()) for lab in reduced))
         yield _costed(node, ins, outs, in_specs, out_specs, factor, partial, mesh, cost_model, device, "")
         if labels.reduce_scatter and len(partial) == 1:
             yield from _reduce_scatter_variants(node, ins, outs, in_specs, out_specs, factor, partial[0],
