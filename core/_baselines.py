@@ -24,7 +24,7 @@ from alpaviz.core._layer_clustering import cluster_layers
 from alpaviz.core._pins import Pins
 from alpaviz.core._plan import Plan
 from alpaviz.core._inter_op import StageChoice
-from alpaviz.core._solve import evaluate_stages, prepare, solve
+from alpaviz.core._solve import InfeasiblePinsError, evaluate_stages, prepare, solve
 from alpaviz.core._spec import replicated
 
 
@@ -43,7 +43,7 @@ def whole_cluster(cluster: Cluster) -> tuple[int, int]:
     return (cluster.num_hosts, cluster.devices_per_host)
 
 
-def data_parallel_pins(graph: OpGraph, cluster: Cluster) -> Pins:
+def data_parallel_pins(graph: OpGraph, cluster: Cluster, replicate_state: bool = True) -> Pins:
     """Pins for pure data parallelism: one stage, mesh (N, 1), state replicated, batch split."""
     n = cluster.num_devices
     pins = Pins(num_stages=1).with_submesh(0, whole_cluster(cluster), (n, 1))
@@ -51,7 +51,8 @@ def data_parallel_pins(graph: OpGraph, cluster: Cluster) -> Pins:
     for name in graph.inputs:
         shape = graph.tensor(name).shape
         if name in state:
-            pins = pins.with_partition_spec(name, replicated(len(shape)))
+            if replicate_state:
+                pins = pins.with_partition_spec(name, replicated(len(shape)))
         elif shape and shape[0] % n == 0:
             pins = pins.with_partition_spec(name, (("x",),) + ((),) * (len(shape) - 1))
     return pins
@@ -84,9 +85,17 @@ def data_parallel(
     pins = data_parallel_pins(graph, cluster)
     if fn is analytic_stage_cost:  # pure data parallel by construction; no sharding pins needed
         pins = Pins(num_stages=1).with_submesh(0, whole_cluster(cluster), (cluster.num_devices, 1))
-    setup = prepare(graph, cluster=cluster, pins=pins, stage_cost=fn, **setup_options)
+    notes: tuple[str, ...] = ()
+    try:
+        setup = prepare(graph, cluster=cluster, pins=pins, stage_cost=fn, **setup_options)
+    except InfeasiblePinsError as err:
+        # The ILP may refuse replicated parameters (e.g. a tied embedding whose update aliases
+        # another layer's); then only the batch split is pinned and the ILP shards the rest.
+        pins = data_parallel_pins(graph, cluster, replicate_state=False)
+        setup = prepare(graph, cluster=cluster, pins=pins, stage_cost=fn, **setup_options)
+        notes = (f"parameters not pinned replicated: {str(err).splitlines()[0][:200]}",)
     mesh = _mesh_index(setup.meshes, whole_cluster(cluster), (cluster.num_devices, 1))
-    return evaluate_stages(setup, [StageChoice(0, graph.num_layers, mesh)], pins, **run)
+    return evaluate_stages(setup, [StageChoice(0, graph.num_layers, mesh)], pins, notes=notes, **run)
 
 
 def _submesh_of(devices: int, cluster: Cluster) -> tuple[int, int] | None:

@@ -138,7 +138,8 @@ def evaluate_stages(
         time_s = float(table.time_s[s.start, s.stop, s.mesh])
         if not math.isfinite(time_s):
             raise InfeasiblePinsError(
-                f"stage {i} (layers {s.start}..{s.stop - 1}) cannot run on {setup.meshes[s.mesh]}: "
+                f"stage {i} (layers {s.start}..{s.stop - 1}) cannot run on submesh {setup.meshes[s.mesh].submesh} "
+                f"as logical mesh {setup.meshes[s.mesh].logical_shape}: "
                 f"{_reason(setup, s)}"
             )
         keep = in_flight(i, n, num_microbatches, schedule)
@@ -321,8 +322,9 @@ def _check_intra_op_pins(pins: Pins, profiles: ProfileTable) -> None:
         touching += [f"{t} sharded as {s}" for t, s in pins.partition_specs if t in set(view.tensors)]
         if touching:
             reasons = sorted({p.reason for p in row})[:2]
+            shown = touching[:4] + ([f"... {len(touching) - 4} more"] if len(touching) > 4 else [])
             raise InfeasiblePinsError(
-                f"layer {view.index} cannot run on any mesh with the pins {touching}: {'; '.join(reasons)}; "
+                f"layer {view.index} cannot run on any mesh with the pins {shown}: {'; '.join(reasons)}; "
                 f"unpin or change them"
             )
 

@@ -236,3 +236,21 @@ def test_unmarked_graph_is_clustered_and_solve_accepts_a_function():
     plan2 = av.solve(step, params, batch, cluster=av.Cluster.a100_node(1, 2), progress=False,
                      stage_cost=analytic_stage_cost)
     assert len(plan2.layers) == 2
+
+
+def test_profile_true_measures_layers_on_local_devices():
+    graph = _marked_mlp([32, 32, 32], batch=8)  # small: XLA's CPU compile dominates the measurement
+    link = av.Link(alpha_s=1e-5, bandwidth_bytes_per_s=5e9)
+    cluster = av.Cluster(1, 2, av.DeviceSpec("cpu", 5e10, 2e9, 2e10), link, link)
+    cache = StageProfileCache()
+    plan = solve(graph, cluster=cluster, num_microbatches=2, progress=False, profile=True,
+                 stage_cost=analytic_stage_cost, cache=cache)
+    analytic = solve(graph, cluster=cluster, num_microbatches=2, progress=False, stage_cost=analytic_stage_cost)
+    assert any("measured" in note for note in plan.solver.notes)
+    assert all(s.cost.microbatch_s > 0 for s in plan.stages)
+    # Wall-clock on CPU is far slower than the nominal device the analytic model assumes.
+    assert plan.predicted.step_time_s != pytest.approx(analytic.predicted.step_time_s, rel=0.1)
+    size = len(cache)
+    solve(graph, cluster=cluster, num_microbatches=2, progress=False, profile=True,
+          stage_cost=analytic_stage_cost, cache=cache, pins=av.Pins(num_stages=1))
+    assert len(cache) == size, "measured profiles are reused from the cache"

@@ -1,0 +1,160 @@
+"""Plan the Alpa paper's GPT, MoE and Wide-ResNet suites and compare with the baselines.
+
+For each case: plan seconds, predicted step time, the ratio to the best
+Megatron-style grid plan (DP x TP x PP, uniform stages) and to pure data
+parallelism, all under the same stage profiles, and the chosen stages and
+meshes.  A last line times a re-solve after one pin on GPT-1.3B (the plan
+editor's click-to-plan path).
+
+    python benchmarks/bench_plan.py                 # every case
+    python benchmarks/bench_plan.py --suite gpt --cases 1.3B,39B
+    python benchmarks/bench_plan.py --stage-cost analytic
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+import jax.numpy as jnp
+
+import alpaviz as av
+from alpaviz.core._analytic_cost import analytic_stage_cost, default_stage_cost
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    suite: str
+    size: str
+    gpus: int
+    global_batch: int
+    microbatch: int
+
+
+# Weak scaling as in the paper: model size grows with the GPU count.
+CASES = (
+    [Case("gpt", s, g, 1024, 8) for s, g in [("1.3B", 4), ("2.6B", 8), ("6.7B", 16), ("15B", 32), ("39B", 64)]]
+    + [Case("moe", s, g, 1024, 8) for s, g in [("380M", 1), ("690M", 2), ("1.3B", 4), ("2.4B", 8), ("10B", 16),
+                                                ("27B", 32), ("70B", 64)]]
+    + [Case("wresnet", s, g, 1536, 8) for s, g in [("250M", 1), ("500M", 2), ("1B", 4), ("2B", 8), ("4B", 16),
+                                                     ("6.8B", 32), ("13B", 64)]]
+)
+
+
+def cluster_for(gpus: int) -> av.Cluster:
+    """A100 hosts of 8 GPUs; fewer than 8 GPUs is one partial host."""
+    if gpus < 8:
+        return av.Cluster.a100_node(1, gpus)
+    return av.Cluster.a100_node(gpus // 8)
+
+
+def build(case: Case, microbatch: int | None = None):
+    maker = {"gpt": av.models.gpt, "moe": av.models.moe, "wresnet": av.models.wresnet}[case.suite]
+    size = microbatch or case.microbatch
+    step, params, batch = maker(case.size, batch_size=size, abstract=True, dtype=jnp.float16)
+    return av.trace(step, params, batch)
+
+
+def describe(plan: av.Plan) -> str:
+    return " | ".join(
+        f"L{s.layer_start}-{s.layer_stop - 1} {s.submesh[0]}x{s.submesh[1]} as {s.logical_mesh[0]}x{s.logical_mesh[1]}"
+        for s in plan.stages
+    )
+
+
+def run_case(case: Case, stage_cost, tolerance: float) -> dict:
+    graph = build(case)
+    cluster = cluster_for(case.gpus)
+    cache = av.StageProfileCache()
+    B = case.global_batch // case.microbatch
+    options = dict(cluster=cluster, num_microbatches=B, stage_cost=stage_cost, cache=cache)
+    started = time.perf_counter()
+    try:
+        plan = av.solve(graph, progress=False, tolerance=tolerance, **options)
+    except av.ModelTooLargeError as err:
+        return {"case": case, "error": str(err)}
+    seconds = time.perf_counter() - started
+    row = {"case": case, "plan": plan, "seconds": seconds, "layers": graph.num_layers, "B": B}
+    try:
+        row["grid"] = av.baselines.megatron_grid(graph, **options)
+    except ValueError as err:
+        row["grid_error"] = str(err)
+    # Data parallelism needs a microbatch the devices divide: same global batch, bigger microbatches.
+    dp_micro = case.microbatch if case.microbatch % case.gpus == 0 else case.gpus
+    dp_graph = graph if dp_micro == case.microbatch else build(case, dp_micro)
+    dp_options = dict(options, num_microbatches=max(1, case.global_batch // dp_micro))
+    try:
+        row["dp"] = av.baselines.data_parallel(dp_graph, progress=False, **dp_options)
+    except ValueError as err:
+        row["dp_error"] = str(err)[:160]
+    return row
+
+
+def ratio(plan: av.Plan, other: av.Plan | None) -> str:
+    if other is None:
+        return "   n/a"
+    return f"{plan.predicted.step_time_s / other.predicted.step_time_s:6.3f}"
+
+
+def bench_resolve(stage_cost) -> float:
+    """Seconds to re-solve GPT-1.3B on 4 GPUs after pinning one cut (profiles cached)."""
+    case = Case("gpt", "1.3B", 4, 1024, 8)
+    graph = build(case)
+    cache = av.StageProfileCache()
+    options = dict(cluster=cluster_for(4), num_microbatches=128, stage_cost=stage_cost, cache=cache, progress=False)
+    plan = av.solve(graph, **options)
+    cut = graph.num_layers // 2 + 1
+    started = time.perf_counter()
+    again = av.resolve(plan.with_pins(plan.pins.with_cut(cut)), graph, stage_cost=stage_cost, cache=cache,
+                       progress=False)
+    elapsed = time.perf_counter() - started
+    assert cut in again.stage_cuts
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", choices=["gpt", "moe", "wresnet", "all"], default="all")
+    parser.add_argument("--cases", default="", help="comma-separated sizes, e.g. 1.3B,39B")
+    parser.add_argument("--stage-cost", choices=["default", "analytic"], default="default",
+                        help="default: the intra-op ILP when installed; analytic: the closed-form fallback")
+    parser.add_argument("--tolerance", type=float, default=0.0, help="relative t_max gap the DP may skip")
+    parser.add_argument("--no-resolve", action="store_true", help="skip the re-solve-after-a-pin line")
+    args = parser.parse_args(argv)
+    stage_cost = analytic_stage_cost if args.stage_cost == "analytic" else default_stage_cost()
+    wanted = {s for s in args.cases.split(",") if s}
+    cases = [c for c in CASES if (args.suite in ("all", c.suite)) and (not wanted or c.size in wanted)]
+    print(f"stage cost: {getattr(stage_cost, '__name__', stage_cost)}; A100 preset; fp16; 1F1B")
+    header = (f"{'case':<14}{'gpus':>5}{'L':>4}{'B':>5}{'plan s':>8}{'step ms':>11}{'/grid':>7}{'/dp':>7}  "
+              f"stages (layers submesh as logical)")
+    print(header)
+    lost = []
+    for case in cases:
+        row = run_case(case, stage_cost, args.tolerance)
+        name = f"{case.suite}-{case.size}"
+        if "error" in row:
+            print(f"{name:<14}{case.gpus:>5}  does not fit: {row['error'][:120]}")
+            continue
+        plan = row["plan"]
+        grid, dp = row.get("grid"), row.get("dp")
+        print(f"{name:<14}{case.gpus:>5}{row['layers']:>4}{row['B']:>5}{row['seconds']:>8.1f}"
+              f"{plan.predicted.step_time_s * 1e3:>11.1f}{ratio(plan, grid):>7}{ratio(plan, dp):>7}  {describe(plan)}",
+              flush=True)
+        if grid is None:
+            print(f"{'':<14}  grid: {row.get('grid_error', 'n/a')[:160]}")
+        if dp is None:
+            print(f"{'':<14}  data parallel: {row.get('dp_error', 'n/a')}")
+        if grid is not None and plan.predicted.step_time_s > grid.predicted.step_time_s * (1 + 1e-9):
+            lost.append(name)
+    if not args.no_resolve:
+        print(f"re-solve after one pin, gpt-1.3B on 4 GPUs: {bench_resolve(stage_cost):.3f} s")
+    if lost:
+        print(f"PLANNER LOST TO THE GRID on {lost}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
