@@ -126,12 +126,14 @@ class HostActor:
         """A move between two stages of this host: one device_put each."""
         import jax
 
+        from alpaviz.core._cross_mesh import move_local
+
         start = time.time()
         src, _, dst, _, microbatch = key
         runner, target = self.runners[src], self.runners[dst]
         values = {t: (runner.step_values[t] if microbatch == ONCE else runner.mb_values[(t, microbatch)])
                   for t in tensors}
-        moved = {t: jax.device_put(v, target.sharding(t)) for t, v in values.items()}
+        moved = move_local(values, {t: target.sharding(t) for t in values})
         if record:
             jax.block_until_ready(list(moved.values()))
         self.outbox[key] = moved

@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from typing import Any, Callable, Literal, Sequence
 
 import jax
 import numpy as np
 
+from alpaviz.core._cross_mesh import move_local
 from alpaviz.core._dataflow import Dataflow, TensorEdge, analyze
 from alpaviz.core._graph import OpGraph
 from alpaviz.core._plan import Plan, graph_fingerprint
+from alpaviz.core._spec import check_spec
 from alpaviz.core._schedule import ONCE, Instruction, Program, build_instructions, fusable_runs, interleave
 from alpaviz.core._stage_runner import StageError, StageRunner
 from alpaviz.core._timeline import Timeline, TimelineEvent
@@ -38,6 +41,7 @@ class CompiledStep:
     """Everything about a parallel step that does not depend on devices: graph, tasks, lists."""
 
     graph: OpGraph  # traced at microbatch size
+    plan: Plan  # the plan as run: in terms of `graph`'s operators, specs that fit a microbatch
     flow: Dataflow
     program: Program
     order: tuple[Instruction, ...]
@@ -79,6 +83,7 @@ def compile_step(
             f"{name!r} traced with these arguments; re-solve the plan for this step and these shapes"
         )
     plan = _rebase_to_microbatch_graph(plan, full, mb_graph)
+    plan = _fit_specs_to_microbatch(plan, full, mb_graph)
     counts = [len(jax.tree.leaves(a)) for a in args]
     starts = np.cumsum([0] + counts)
     batch_inputs = tuple(
@@ -88,6 +93,7 @@ def compile_step(
     program = build_instructions(plan.schedule.kind, plan.num_stages, m, flow.edges)
     return CompiledStep(
         graph=mb_graph,
+        plan=plan,
         flow=flow,
         program=program,
         order=interleave(program),
@@ -133,6 +139,55 @@ def _rebase_to_microbatch_graph(plan: Plan, full: OpGraph, mb_graph: OpGraph) ->
         for s in plan.stages
     )
     return dataclasses.replace(plan, layers=layers, stages=stages, graph_fingerprint=graph_fingerprint(mb_graph))
+
+
+class SpecDroppedWarning(UserWarning):
+    """A plan's spec fits the full batch but not one microbatch; that tensor is left to XLA."""
+
+
+def _fit_specs_to_microbatch(plan: Plan, full: OpGraph, mb_graph: OpGraph) -> Plan:
+    """Drop (with a warning) specs made for full-batch shapes that a microbatch cannot honour.
+
+    A solver that shards the full batch 4 ways plans a split a 4-times
+    smaller microbatch may not divide.  Numerics do not depend on sharding
+    constraints, so the step still runs; the warning says which tensors
+    lost their spec and how to avoid it (solve at microbatch size).
+    Specs that fit neither shape stay, and the stage refuses them.
+    """
+    if full is mb_graph:
+        return plan
+    dropped: list[str] = []
+    stages = []
+    for stage in plan.stages:
+        keep = []
+        for name, spec in stage.partition_specs:
+            fits_micro = _fits(mb_graph, name, spec, stage.logical_mesh)
+            if not fits_micro and _fits(full, name, spec, stage.logical_mesh):
+                dropped.append(f"stage {stage.index} (mesh {stage.logical_mesh[0]}x{stage.logical_mesh[1]}): "
+                               f"{name} {mb_graph.tensor(name).shape} {spec}")
+                continue
+            keep.append((name, spec))
+        stages.append(dataclasses.replace(stage, partition_specs=tuple(keep)))
+    if not dropped:
+        return plan
+    warnings.warn(
+        f"{len(dropped)} partition specs fit the full batch but not a microbatch of 1/"
+        f"{plan.schedule.num_microbatches} of it and are left to XLA, e.g. {dropped[:3]}; "
+        f"solve the plan on the step traced at microbatch size to keep them",
+        SpecDroppedWarning,
+        stacklevel=3,
+    )
+    return dataclasses.replace(plan, stages=tuple(stages))
+
+
+def _fits(graph: OpGraph, name: str, spec, mesh: tuple[int, int]) -> bool:
+    if name not in graph.tensor_by_name:
+        return False
+    try:
+        check_spec(graph.tensor(name).shape, spec, mesh)
+    except ValueError:
+        return False
+    return True
 
 
 def _microbatch_struct(x: jax.ShapeDtypeStruct, m: int, argnum: int) -> jax.ShapeDtypeStruct:
@@ -239,7 +294,7 @@ class ParallelStep:
     def _prepare(self, args: tuple[Any, ...]) -> None:
         self.compiled = compile_step(self.train_step, self.plan, args, self.batch_argnums, self._graph)
         if self.engine_kind == "local":
-            self._engine = LocalEngine(self.plan, self.compiled, self.donate, self.compiler_options)
+            self._engine = LocalEngine(self.compiled.plan, self.compiled, self.donate, self.compiler_options)
         else:
             from alpaviz.core._ray_runtime import RayEngine
 
@@ -394,7 +449,7 @@ class LocalEngine:
                 edge = c.edge(ins)
                 dst = self.runners[ins.peer]
                 values = runner.take(edge, ins.microbatch)
-                moved = {t: jax.device_put(v, dst.sharding(t)) for t, v in values.items()}
+                moved = move_local(values, {t: dst.sharding(t) for t in values})
                 pending[ins.transfer_key] = moved
                 produced = list(moved.values())
             elif ins.op == "recv":

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import jax
@@ -8,7 +9,7 @@ import pytest
 import alpaviz as av
 from alpaviz.core._manual_plan import data_parallel_specs, manual_plan, megatron_specs
 from alpaviz.core._plan import Schedule
-from alpaviz.core._runtime import StageError, parallelize
+from alpaviz.core._runtime import SpecDroppedWarning, StageError, parallelize
 from alpaviz.core._schedule import build_instructions, max_live_microbatches
 from alpaviz.core._spec import make_spec
 
@@ -219,12 +220,27 @@ def test_a_plan_for_another_graph_is_refused():
         parallelize(step, plan)(params, batch)
 
 
-def test_a_spec_that_does_not_fit_a_microbatch_names_the_stage_and_mesh():
+def test_a_spec_for_the_full_batch_that_a_microbatch_cannot_take_is_dropped_with_a_warning():
     step, params, batch = mlp()
     graph = av.trace(step, params, batch)
     plan = manual_plan(graph, av.Cluster.local(), stage_cuts=(2,), logical_meshes=(4, 1),
                        partition_specs=data_parallel_specs(graph), schedule=Schedule("1f1b", 4))
-    with pytest.raises(ValueError, match=r"stage 0 \(mesh 4x1 on devices \[0, 1, 2, 3\]\).*batch\.x"):
+    with pytest.warns(SpecDroppedWarning, match=r"stage 0 \(mesh 4x1\): batch\.x \(2, 32\)"):
+        parallel = parallelize(step, plan, example_args=(params, batch), compiler_options=FAST_COMPILE)
+    assert "batch.x" not in parallel._engine.runners[0].specs
+    ref_params, ref_loss = jax.jit(step)(params, batch)
+    new_params, loss = parallel(params, batch)
+    np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-5)
+
+
+def test_a_spec_that_fits_no_shape_names_the_stage_and_mesh():
+    step, params, batch = mlp(width=6)
+    graph = av.trace(step, params, batch)
+    plan = manual_plan(graph, av.Cluster.local(), stage_cuts=(2,), logical_meshes=(4, 1),
+                       schedule=Schedule("1f1b", 2))
+    bad = dataclasses.replace(plan.stages[1], partition_specs=(("params.w.3", make_spec("x", None)),))
+    plan = dataclasses.replace(plan, stages=(plan.stages[0], bad))
+    with pytest.raises(ValueError, match=r"stage 1 \(mesh 4x1 on devices \[4, 5, 6, 7\]\).*params\.w\.3"):
         parallelize(step, plan)(params, batch)
 
 
