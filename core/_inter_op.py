@@ -329,6 +329,9 @@ class _Problem:
             shifted = np.full_like(previous, np.inf)
             shifted[:, size:] = previous[:, : devices + 1 - size]
             total = per_range[:, :, None] + shifted[None, :, :]  # (k, j, d)
+            if not track:
+                np.minimum(current, total.min(axis=1), out=current)
+                continue
             j_best = total.argmin(axis=1)
             value = np.take_along_axis(total, j_best[:, None, :], axis=1)[:, 0, :]
             better = value < current

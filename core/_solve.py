@@ -93,6 +93,7 @@ def solve(
         cache=cache, progress=progress, num_layers=num_layers, stage_cost=stage_cost, profile=profile,
         submeshes=submeshes,
     )
+    profiled_at = time.perf_counter()
     constraints = constraints_from_pins(pins, setup.meshes, setup.graph.num_layers, cluster)
     bar = _bar(progress, "stage DP", None)
     try:
@@ -109,7 +110,8 @@ def solve(
     notes = (
         f"stage costs: {setup.stage_cost_name}; {setup.profiles.profiled} layer profiles computed, "
         f"the rest from the cache",
-        f"t_max candidates tried: {solution.candidates_tried} of {solution.candidates_total}",
+        f"t_max candidates tried: {solution.candidates_tried} of {solution.candidates_total}; "
+        f"profiling {profiled_at - started:.2f} s, DP {time.perf_counter() - profiled_at:.2f} s",
         "stage cost = sum of its layers' costs + boundary send/recv (no resharding inside a stage)",
     )
     return assemble_plan(setup, solution, pins, num_microbatches, schedule, time.perf_counter() - started,

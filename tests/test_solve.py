@@ -254,3 +254,25 @@ def test_profile_true_measures_layers_on_local_devices():
     solve(graph, cluster=cluster, num_microbatches=2, progress=False, profile=True,
           stage_cost=analytic_stage_cost, cache=cache, pins=av.Pins(num_stages=1))
     assert len(cache) == size, "measured profiles are reused from the cache"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ilp_available(), reason="the intra-op ILP is not installed")
+def test_an_intra_op_pin_reaches_its_stage_and_reprofiles_only_its_layer(gpt4):
+    from alpaviz.core._intra_op import strategy_names
+
+    cluster = av.Cluster.a100_node(1, 2)
+    cache = StageProfileCache()
+    pins = av.Pins(num_stages=1).with_submesh(0, (1, 2), (1, 2))
+    plan = solve(gpt4, cluster=cluster, cache=cache, pins=pins, progress=False)
+    size = len(cache)
+    node = next(n for n in gpt4.nodes if n.layer == 1 and n.role == "forward" and n.primitive == "dot_general")
+    chosen = plan.strategies[node.name]
+    others = [s for s in strategy_names(gpt4, node.name, cluster.logical_mesh((1, 2), (1, 2))) if s != chosen]
+    assert others, "a dot on a 2-device mesh has more than one strategy"
+    pinned = solve(gpt4, cluster=cluster, cache=cache, pins=pins.with_strategy(node.name, others[0]), progress=False)
+    assert pinned.strategies[node.name] == others[0]
+    assert len(cache) - size <= len(mesh_choices(cluster)), "only the pinned layer is profiled again"
+    untouched = [n.name for n in gpt4.nodes if n.layer == 3 and n.name in plan.strategies]
+    assert all(pinned.strategies[n] == plan.strategies[n] for n in untouched)
+    assert pinned.predicted.step_time_s >= plan.predicted.step_time_s * (1 - 1e-9)
