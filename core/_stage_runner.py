@@ -80,6 +80,7 @@ class StageRunner:
         self._graph_outputs = frozenset(graph.outputs)
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._fns: dict[tuple[str, ...], Any] = {}
+        self._first_args: dict[tuple[str, ...], Any] = {}
         self._zeros: dict[str, Any] = {}
         self.reset()
 
@@ -226,6 +227,13 @@ class StageRunner:
             f"(microbatch {microbatch}); the instruction list is out of order"
         )
 
+    def compiled_text(self, roles: tuple[str, ...] | str) -> str:
+        """The optimized HLO of a task (or fused group) that has run, e.g. to count its collectives."""
+        roles = (roles,) if isinstance(roles, str) else tuple(roles)
+        if self._first_args.get(roles) is None:
+            raise ValueError(f"{self.describe()}: task {roles} has not run yet; run a step first")
+        return self._fns[roles].lower(*self._first_args[roles]).compile().as_text()
+
     def run(self, role: str, microbatch: int) -> list[Any]:
         """Run one task; returns its fresh outputs (for the caller to block on when timing)."""
         return self.run_group((role,), microbatch)
@@ -237,12 +245,17 @@ class StageRunner:
             return []
         if group.roles not in self._fns:
             self._fns[group.roles] = self._build(group)
+            self._first_args[group.roles] = None
         lookup_mb = microbatch
         donated_set = set(group.donated)
         donated = tuple(self._lookup(t, lookup_mb) for t in group.donated)
         kept = tuple(self._lookup(t, lookup_mb) for t in group.inputs if t not in donated_set)
         first = microbatch in (0, ONCE)
         accs = tuple(self._zeros_for(t) if first else self.step_values[t] for t in group.accumulated)
+        if self._first_args.get(group.roles, 0) is None:
+            self._first_args[group.roles] = jax.tree.map(
+                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), (donated, kept, accs)
+            )
         try:
             outs, new_accs = self._fns[group.roles](donated, kept, accs)
         except Exception as err:  # compile or runtime failure inside the stage

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -284,3 +285,27 @@ def test_untimed_steps_fuse_back_to_back_tasks_and_still_match(layout):
     assert expected <= fused
     with pytest.raises(ValueError, match="no step has run with record_trace=True"):
         parallel.last_trace()
+
+
+COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\(")
+
+
+def test_compiled_stages_hold_the_collectives_of_their_parallelism():
+    step, params, batch = mlp()
+    graph = av.trace(step, params, batch)
+    dp = parallelize(step, manual_plan(graph, av.Cluster.local(), partition_specs=data_parallel_specs(graph)),
+                     compiler_options=FAST_COMPILE)
+    dp(params, batch)
+    runner = dp._engine.runners[0]
+    # Data parallel: the forward only all-reduces the scalar loss; the backward all-reduces gradients.
+    forward = runner.compiled_text("forward")
+    shapes = re.findall(r"= (.+?) all-reduce(?:-start)?\(", forward)
+    assert shapes and set(shapes) == {"f32[]"} and len(COLLECTIVE.findall(forward)) == len(shapes)
+    backward = re.findall(r"= (.+?) all-reduce(?:-start)?\(", runner.compiled_text("backward"))
+    assert any("f32[32,32]" in shape for shape in backward)  # weight-sized gradients
+    tp = parallelize(step, manual_plan(graph, av.Cluster.local(), logical_meshes=(1, 8),
+                                       partition_specs=mlp_megatron(graph)), compiler_options=FAST_COMPILE)
+    tp(params, batch)
+    # Megatron pairs (column split, then row split): one all-reduce per pair of layers forward.
+    forward = [m[0] for m in COLLECTIVE.findall(tp._engine.runners[0].compiled_text("forward"))]
+    assert forward.count("all-reduce") >= 2
