@@ -114,7 +114,7 @@ class PanelEditor:
             self.status.object = _message(s.ok, s.message)
             self._draw_cuts()
             self._draw_submeshes()
-            rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins)}
+            rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins, inputs_only=True)}
             self._rows = rows
             keep = self.tensor_select.value
             self.tensor_select.options = list(rows)

@@ -237,7 +237,7 @@ class PlanEditor(W.VBox):
 
     def _fill_sharding(self) -> None:
         s = self.session
-        self._rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins)}
+        self._rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins, inputs_only=True)}
         keep = self.tensor_select.value
         self.tensor_select.options = list(self._rows)
         self.tensor_select.value = keep if keep in self._rows else next(iter(self._rows), None)

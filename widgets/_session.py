@@ -168,6 +168,9 @@ class EditorSession:
                 return factory()
         return None
 
+    def _kept(self) -> str:
+        return " (the previous plan is still shown)" if hasattr(self, "plan") else ""
+
     def resolve(self, pins: Pins | None = None) -> Outcome:
         """Re-solve keeping the pins; on failure keep the shown plan and explain."""
         if pins is not None:
@@ -185,9 +188,9 @@ class EditorSession:
                 schedule=self.whatif.schedule, pins=self.pins, progress=False, **options,
             )
         except ValueError as err:
-            return self._changed(Outcome(False, f"infeasible: {err} (the previous plan is still shown)"))
+            return self._changed(Outcome(False, f"infeasible: {err}{self._kept()}"))
         except Exception as err:  # a solver bug must not take the editor down
-            return self._changed(Outcome(False, f"solve failed: {type(err).__name__}: {err} (previous plan kept)"))
+            return self._changed(Outcome(False, f"solve failed: {type(err).__name__}: {err}{self._kept()}"))
         finally:
             self.busy = False
         self.previous = getattr(self, "plan", None)

@@ -220,17 +220,31 @@ class DeviceBlock:
 
 @dataclasses.dataclass(frozen=True)
 class ShardingRow:
-    """One tensor's spec in one stage, and the blocks its devices hold."""
+    """One tensor's spec in one stage; the per-device blocks are worked out only when drawn."""
 
     tensor: str
     stage: int
     shape: tuple[int, ...]
     spec: Spec
     name: str
-    shard_shape: tuple[int, ...]
     mesh_shape: tuple[int, int]
-    blocks: tuple[DeviceBlock, ...]
+    device_ids: tuple[int, ...]
     pinned: bool
+
+    @property
+    def shard_shape(self) -> tuple[int, ...]:
+        """The per-device block shape, () when the spec does not divide the tensor."""
+        try:
+            return shard_shape(self.shape, self.spec, self.mesh_shape)
+        except ValueError:
+            return ()
+
+    @property
+    def blocks(self) -> tuple[DeviceBlock, ...]:
+        try:
+            return device_blocks(self.shape, self.spec, self.mesh_shape, self.device_ids)
+        except ValueError:
+            return ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,22 +280,22 @@ def device_blocks(
     return tuple(out)
 
 
-def sharding_rows(graph: OpGraph, plan: Plan, pins: Pins) -> tuple[ShardingRow, ...]:
-    """A row per (stage, tensor) with a partition spec in the plan, parameters first."""
+def sharding_rows(graph: OpGraph, plan: Plan, pins: Pins, inputs_only: bool = False) -> tuple[ShardingRow, ...]:
+    """A row per (stage, tensor) with a partition spec in the plan, parameters first.
+
+    `inputs_only` keeps the graph inputs (parameters, batch): a GPT's plan
+    specs thousands of intermediates, too many for one dropdown.
+    """
     rows = []
     pinned = pins.spec_map
+    inputs = set(graph.inputs)
     for stage in plan.stages:
         for tensor, spec in stage.partition_specs:
+            if inputs_only and tensor not in inputs and tensor not in pinned:
+                continue
             shape = graph.tensor(tensor).shape if tensor in graph.tensor_by_name else ()
-            try:
-                blocks = device_blocks(shape, spec, stage.logical_mesh, stage.device_ids)
-                block_shape = shard_shape(shape, spec, stage.logical_mesh)
-            except ValueError:
-                blocks, block_shape = (), ()
-            rows.append(ShardingRow(
-                tensor, stage.index, tuple(shape), spec, spec_name(spec), block_shape, stage.logical_mesh,
-                blocks, tensor in pinned,
-            ))
+            rows.append(ShardingRow(tensor, stage.index, tuple(shape), spec, spec_name(spec), stage.logical_mesh,
+                                    stage.device_ids, tensor in pinned))
     return tuple(sorted(rows, key=lambda r: (not r.tensor.startswith("params."), r.stage, r.tensor)))
 
 
