@@ -58,7 +58,8 @@ def data_parallel_pins(graph: OpGraph, cluster: Cluster, replicate_state: bool =
     return pins
 
 
-_SETUP_OPTIONS = ("cost_model", "memory_limit", "cache", "progress", "num_layers", "stage_cost", "profile")
+_SETUP_OPTIONS = ("cost_model", "memory_limit", "cache", "progress", "num_layers", "stage_cost", "profile",
+                  "workers")
 
 
 def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

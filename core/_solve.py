@@ -69,6 +69,7 @@ def solve(
     submeshes: Sequence[tuple[int, int]] | None = None,
     tolerance: float = 0.0,
     previous: Plan | None = None,
+    workers: int = 1,
 ) -> Plan:
     """Plan a training step for `cluster`: stages, submeshes, shardings and the pipeline schedule.
 
@@ -79,7 +80,8 @@ def solve(
     intra-op ILP when installed, else the analytic fallback); `profile=True`
     measures each candidate on the local devices instead.  With `previous`
     (a plan of the same graph) ties are broken towards its stages, so a new
-    pin moves only what it must.
+    pin moves only what it must.  `workers` > 1 profiles in that many
+    processes.
 
     Example:
         >>> cache = av.StageProfileCache()
@@ -91,7 +93,7 @@ def solve(
     setup = prepare(
         fn_or_graph, *args, cluster=cluster, cost_model=cost_model, pins=pins, memory_limit=memory_limit,
         cache=cache, progress=progress, num_layers=num_layers, stage_cost=stage_cost, profile=profile,
-        submeshes=submeshes,
+        submeshes=submeshes, workers=workers,
     )
     profiled_at = time.perf_counter()
     constraints = constraints_from_pins(pins, setup.meshes, setup.graph.num_layers, cluster)
@@ -196,6 +198,7 @@ def prepare(
     stage_cost: StageCostFn | None = None,
     profile: bool = False,
     submeshes: Sequence[tuple[int, int]] | None = None,
+    workers: int = 1,
 ) -> SolveSetup:
     """Trace and layer the graph, check the pins, and build the stage cost table."""
     if isinstance(fn_or_graph, OpGraph):
@@ -225,6 +228,7 @@ def prepare(
         profiles = profile_layers(
             graph, cluster, cost_model, pins, meshes, fn, cache,
             on_profile=(lambda done, total: _tick(bar, done, total)) if bar is not None else None,
+            workers=workers,
         )
     finally:
         if bar is not None:

@@ -168,6 +168,10 @@ class StageProfileCache:
     def put(self, key: tuple, profile: LayerProfile) -> None:
         self._entries[key] = profile
 
+    def __getitem__(self, key: tuple) -> LayerProfile:
+        """A stored profile, without counting a hit or a miss."""
+        return self._entries[key]
+
     def __repr__(self) -> str:
         return f"StageProfileCache({len(self)} profiles, {self.hits} hits, {self.misses} misses)"
 
@@ -203,8 +207,13 @@ def profile_layers(
     cost_fn: StageCostFn,
     cache: StageProfileCache,
     on_profile: ProgressFn | None = None,
+    workers: int = 1,
 ) -> ProfileTable:
-    """Profile each distinct (layer structure, intra-op pins) on each mesh, reusing `cache`."""
+    """Profile each distinct (layer structure, intra-op pins) on each mesh, reusing `cache`.
+
+    `workers` > 1 runs the cost function in that many spawned processes
+    (worth it when there are dozens of ILPs to solve, e.g. GPT-39B).
+    """
     views = layer_views(graph)
     fn_key = getattr(cost_fn, "cache_key", cost_fn)
     jobs: dict[tuple, tuple[LayerView, Pins, MeshChoice]] = {}
@@ -219,19 +228,67 @@ def profile_layers(
             if key not in jobs and cache.get(key) is None:
                 jobs[key] = (view, layer_pins, choice)
         keys.append(row)
-    for done, (key, (view, layer_pins, choice)) in enumerate(jobs.items(), start=1):
-        mesh = cluster.logical_mesh(choice.submesh, choice.logical_shape)
-        try:
-            plan = cost_fn(graph, mesh, cluster, cost_model, layer_pins, nodes=view.nodes)
-            profile = LayerProfile.from_sharding(plan, view)
-        except ValueError as err:
-            profile = LayerProfile.infeasible(str(err))
-        cache.put(key, profile)
-        if on_profile is not None:
-            on_profile(done, len(jobs))
-    profiles = tuple(tuple(cache._entries[k] for k in row) for row in keys)
+    items = [(view.nodes, layer_pins, choice) for view, layer_pins, choice in jobs.values()]
+    if workers > 1 and len(items) >= 4 * workers:
+        results = _profile_in_processes(graph, cluster, cost_model, cost_fn, items, workers, on_profile)
+    else:
+        results = []
+        for done, item in enumerate(items, start=1):
+            results.append(_profile_one(graph, cluster, cost_model, cost_fn, *item))
+            if on_profile is not None:
+                on_profile(done, len(items))
+    for (key, (view, _, _)), result in zip(jobs.items(), results):
+        plan_or_error = result
+        if isinstance(plan_or_error, str):
+            cache.put(key, LayerProfile.infeasible(plan_or_error))
+        else:
+            cache.put(key, LayerProfile.from_sharding(plan_or_error, view))
+    profiles = tuple(tuple(cache[k] for k in row) for row in keys)
     forward, backward = cut_bytes(graph)
     return ProfileTable(views, tuple(meshes), profiles, forward, backward, len(jobs))
+
+
+def _profile_one(graph, cluster, cost_model, cost_fn, nodes, layer_pins, choice) -> ShardingPlan | str:
+    """One cost-function call; a ValueError (cannot run there) comes back as its message."""
+    mesh = cluster.logical_mesh(choice.submesh, choice.logical_shape)
+    try:
+        return cost_fn(graph, mesh, cluster, cost_model, layer_pins, nodes=nodes)
+    except ValueError as err:
+        return str(err)
+
+
+# Per worker process: the graph and the cost function, set once by the pool's initializer.
+_WORKER_STATE: dict[str, object] = {}
+
+
+def _init_worker(graph, cluster, cost_model, cost_fn) -> None:
+    _WORKER_STATE.update(graph=graph, cluster=cluster, cost_model=cost_model, cost_fn=cost_fn)
+
+
+def _worker_job(item) -> ShardingPlan | str:
+    w = _WORKER_STATE
+    return _profile_one(w["graph"], w["cluster"], w["cost_model"], w["cost_fn"], *item)
+
+
+def _profile_in_processes(graph, cluster, cost_model, cost_fn, items, workers, on_profile) -> list:
+    """Run the jobs in spawned processes; the graph travels once per worker, without JAX objects."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    light = dataclasses.replace(
+        graph,
+        nodes=tuple(dataclasses.replace(n, jax_primitive=None, jax_params=None) for n in graph.nodes),
+        in_tree=None, out_tree=None, constants=None,
+    )
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                             initargs=(light, cluster, cost_model, cost_fn)) as pool:
+        results = []
+        for done, result in enumerate(pool.map(_worker_job, items, chunksize=1), start=1):
+            results.append(result)
+            if on_profile is not None:
+                on_profile(done, len(items))
+    return results
 
 
 def cut_bytes(graph: OpGraph) -> tuple[tuple[float, ...], tuple[float, ...]]:

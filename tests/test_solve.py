@@ -276,3 +276,13 @@ def test_an_intra_op_pin_reaches_its_stage_and_reprofiles_only_its_layer(gpt4):
     untouched = [n.name for n in gpt4.nodes if n.layer == 3 and n.name in plan.strategies]
     assert all(pinned.strategies[n] == plan.strategies[n] for n in untouched)
     assert pinned.predicted.step_time_s >= plan.predicted.step_time_s * (1 - 1e-9)
+
+
+@pytest.mark.slow
+def test_profiling_in_worker_processes_gives_the_same_plan(gpt4):
+    cluster = av.Cluster.a100_node(2, 4)
+    options = dict(cluster=cluster, num_microbatches=4, progress=False, stage_cost=analytic_stage_cost)
+    serial = solve(gpt4, **options)
+    parallel = solve(gpt4, workers=2, **options)
+    assert parallel.stages == serial.stages
+    assert parallel.predicted == serial.predicted
