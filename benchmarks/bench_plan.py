@@ -64,7 +64,7 @@ def describe(plan: av.Plan) -> str:
     )
 
 
-def run_case(case: Case, stage_cost, tolerance: float) -> dict:
+def run_case(case: Case, stage_cost, tolerance: float, workers: int) -> dict:
     graph = build(case)
     cluster = cluster_for(case.gpus)
     cache = av.StageProfileCache()
@@ -72,7 +72,7 @@ def run_case(case: Case, stage_cost, tolerance: float) -> dict:
     options = dict(cluster=cluster, num_microbatches=B, stage_cost=stage_cost, cache=cache)
     started = time.perf_counter()
     try:
-        plan = av.solve(graph, progress=False, tolerance=tolerance, **options)
+        plan = av.solve(graph, progress=False, tolerance=tolerance, workers=workers, **options)
     except av.ModelTooLargeError as err:
         return {"case": case, "error": str(err)}
     seconds = time.perf_counter() - started
@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage-cost", choices=["default", "analytic"], default="default",
                         help="default: the intra-op ILP when installed; analytic: the closed-form fallback")
     parser.add_argument("--tolerance", type=float, default=0.0, help="relative t_max gap the DP may skip")
+    parser.add_argument("--workers", type=int, default=2, help="processes that profile layers (2 cores: 2)")
     parser.add_argument("--no-resolve", action="store_true", help="skip the re-solve-after-a-pin line")
     args = parser.parse_args(argv)
     stage_cost = analytic_stage_cost if args.stage_cost == "analytic" else default_stage_cost()
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     lost = []
     for case in cases:
-        row = run_case(case, stage_cost, args.tolerance)
+        row = run_case(case, stage_cost, args.tolerance, args.workers)
         name = f"{case.suite}-{case.size}"
         if "error" in row:
             print(f"{name:<14}{case.gpus:>5}  does not fit: {row['error'][:120]}")
