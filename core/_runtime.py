@@ -16,6 +16,7 @@ divided by the microbatch count.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import warnings
 from typing import Any, Callable, Literal, Sequence
@@ -49,12 +50,13 @@ class CompiledStep:
     aliases: tuple[tuple[str, str], ...]
     num_microbatches: int
 
+    @functools.cached_property
+    def _edges(self) -> dict[tuple, TensorEdge]:
+        return {(e.src_stage, e.src_role, e.dst_stage, e.dst_role): e for e in self.flow.edges}
+
     def edge(self, ins: Instruction) -> TensorEdge:
-        src, src_role, dst, dst_role, _ = ins.transfer_key
-        for e in self.flow.edges:
-            if (e.src_stage, e.src_role, e.dst_stage, e.dst_role) == (src, src_role, dst, dst_role):
-                return e
-        raise KeyError(f"no edge for {ins}")
+        """The data-flow edge a SEND or RECV carries."""
+        return self._edges[ins.transfer_key[:4]]
 
 
 def compile_step(
