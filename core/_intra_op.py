@@ -21,7 +21,7 @@ from alpaviz.core._pins import Pins
 from alpaviz.core._sharding_ilp import Equal, IlpProblem, PairCost, evaluate, solve
 from alpaviz.core._sharding_plan import ShardingCost, ShardingPlan
 from alpaviz.core._simplify import Simplified, simplify
-from alpaviz.core._spec import Spec, check_spec, spec_name
+from alpaviz.core._spec import Spec, check_spec, replicated, spec_name
 from alpaviz.core._strategies import shard_bytes, strategy_names, tensor_bytes
 
 __all__ = ["ShardingInfeasibleError", "solve_sharding", "solve_sharding_auto", "strategy_names",
@@ -75,6 +75,13 @@ def solve_sharding(
     simp = simplify(graph, node_names, mesh, cost_model, cluster.device, pinned, merge_followers)
     problem, restrictions, kept = _assemble(graph, simp, mesh, cost_model, pins, memory_limit_bytes)
     result = solve(problem, time_limit_s)
+    if result.status == "no_solution":
+        result = _fallback(problem, result)
+    if result.status == "no_solution":
+        raise ValueError(
+            f"the sharding ILP found no assignment within time_limit_s={time_limit_s} "
+            f"({len(simp.groups)} decision groups, {result.num_variables} variables); raise time_limit_s"
+        )
     if result.choice is None:
         raise _diagnose(problem, restrictions, memory_limit_bytes, time_limit_s, mesh)
     return _plan(graph, simp, mesh, cost_model, problem, kept, result, time.perf_counter() - start)
@@ -299,6 +306,19 @@ def _kept_tensors(graph: OpGraph, simp: Simplified) -> dict[str, list[str]]:
     return {"all": inputs + grads + acts, "activations": acts}
 
 
+def _fallback(problem: IlpProblem, result):
+    """When the time limit stops the solver empty-handed: the first allowed option everywhere (replicated
+    unless pinned), if it satisfies the constraints, marked "heuristic"."""
+    import dataclasses
+
+    from alpaviz.core._sharding_ilp import _feasible_fixed
+
+    choice = tuple(a[0] if a else 0 for a in problem.allowed)
+    if all(problem.allowed) and _feasible_fixed(problem, choice):
+        return dataclasses.replace(result, choice=choice, status="heuristic")
+    return result
+
+
 # ---- diagnostics --------------------------------------------------------------------------
 
 
@@ -367,8 +387,9 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
         moved = 0.0
         for i, raw in enumerate(node.inputs):
             t = simp.resolve(raw)
-            if not simp.is_free(graph, t):
+            if t in simp.group_of_tensor:
                 specs.setdefault(t, spec_of(t))
+            if not simp.is_free(graph, t):
                 moved += reshard(t, spec_of(t), strategy.in_specs[i])
         for out in node.outputs:
             specs[out] = spec_of(out)
@@ -383,6 +404,11 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
                 t = simp.resolve(out)
                 if t in simp.group_of_tensor:
                     specs[out] = spec_of(t)
+    if len(simp.nodes) == len(graph.nodes):
+        # The whole step: inputs no operator reads, and results that are inputs or constants, stay whole.
+        for t in graph.inputs + graph.outputs:
+            if t not in specs:
+                specs[t] = spec_of(t) if t in simp.group_of_tensor else replicated(len(graph.tensor(t).shape))
     memory = sum(shard_bytes(graph.tensor(t), spec_of(t), mesh) for t in kept["all"])
     activations = sum(shard_bytes(graph.tensor(t), spec_of(t), mesh) for t in kept["activations"])
     cost = ShardingCost(compute, comm, resharding, by_role["forward"], by_role["backward"], by_role["update"],

@@ -53,7 +53,7 @@ class IlpProblem:
 @dataclasses.dataclass(frozen=True)
 class IlpResult:
     choice: tuple[int, ...] | None
-    status: str  # "optimal" | "time_limited" | "pinned" | "infeasible"
+    status: str  # "optimal" | "time_limited" | "pinned" | "infeasible" | "no_solution"
     seconds: float
     num_variables: int
     num_constraints: int
@@ -189,7 +189,7 @@ def _solve_pulp(problem: IlpProblem, allowed: list[tuple[int, ...]], time_limit_
     status = _run(model, time_limit_s)
     seconds = time.perf_counter() - start
     num_vars, num_cons = len(model.variables()), len(model.constraints)
-    if status == "infeasible":
+    if status in ("infeasible", "no_solution"):
         return IlpResult(None, status, seconds, num_vars, num_cons)
     choice = []
     for g, options in enumerate(allowed):
@@ -235,4 +235,4 @@ def _run(model, time_limit_s: float) -> str:
         return "optimal"
     if model.status == pulp.LpStatusOptimal or solution in ("Solution Found",):
         return "time_limited"
-    return "infeasible"
+    return "no_solution"  # stopped by the time limit before finding any assignment

@@ -164,11 +164,18 @@ class _Builder:
 
     def _cheapest(self, tensor: str, spec: Spec, operand: int, strategies: tuple[Strategy, ...],
                   order: list[int]) -> int:
-        """The follower strategy with the least own cost plus resharding from `spec`.
+        """The follower strategy for an operand sharded as `spec`.
 
-        Strategies are tried in order of own cost; resharding is never
-        negative, so the scan stops once own cost alone reaches the best total.
+        A follower keeps its operand's sharding when it can (as in Alpa):
+        the cheapest strategy reading `spec` as it is.  Otherwise (say, a
+        reshape that cannot carry the split) the least own cost plus
+        resharding; strategies are tried in order of own cost, and since
+        resharding is never negative the scan stops once own cost alone
+        reaches the best total.
         """
+        for j in order:
+            if strategies[j].in_specs[operand] == spec:
+                return j
         best, pick = float("inf"), order[0]
         for j in order:
             own = strategies[j].cost_s

@@ -266,3 +266,13 @@ def test_conflicting_pins_name_the_culprits():
     message = str(err.value)
     assert "params.w1" in message and updated_w1 in message
     assert "batch.x" not in message  # not part of the conflict
+
+
+def test_time_limit_gives_a_marked_plan_not_an_optimum_claim():
+    step, params, batch = av.models.gpt(num_layers=1, abstract=True)
+    graph = av.trace(step, params, batch)
+    mesh = _mesh((2, 2))
+    best = solve_sharding(graph, mesh, CLUSTER)
+    rushed = solve_sharding(graph, mesh, CLUSTER, time_limit_s=1e-3)
+    assert rushed.status in ("time_limited", "heuristic")
+    assert rushed.objective >= best.objective * (1 - 1e-9)
