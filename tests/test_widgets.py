@@ -198,3 +198,23 @@ def test_real_solver_infeasible_pin_keeps_the_plan(solved_editor):
     assert not ed.session.ok and "infeasible" in ed.status.value, ed.session.message
     assert ed.session.plan is shown
     assert "cuts at layers: " + ", ".join(map(str, shown.stage_cuts)) in ed.headline.value
+
+
+@pytest.mark.slow
+def test_launch_runs_the_plan_and_fills_the_measured_timeline():
+    step, params, batch = av.models.gpt(num_layers=4, hidden=32, heads=2, seq_len=16, vocab=64, batch_size=4)
+    graph = tiny_graph()
+    plan = av.manual_plan(graph, av.Cluster.a100_node(1), stage_cuts=(2,), schedule=av.core.Schedule("1f1b", 2))
+    session = EditorSession(graph, plan, solver=hand_solver, step_fn=step, example_args=(params, batch))
+    ed = PlanEditor(session)
+    ed.launch_steps.value = 1
+    ed.launch_button.click()
+    assert session.ok, session.message
+    measured = session.measured
+    assert measured.source == "measured" and measured.num_stages == 2
+    runs = [(e.stage, e.kind, e.microbatch) for e in measured.events if e.kind in ("forward", "backward")]
+    assert sorted(runs) == sorted((s, k, m) for s in range(2) for k in ("forward", "backward") for m in range(2))
+    drawn = [t for t in ed.timeline_figure.data if t.xaxis == "x2"]  # the measured subplot
+    bars = [e for e in measured.events if e.kind in ("forward", "backward", "update")]
+    assert bars and sum(len(t.x) for t in drawn) == len(bars)
+    assert ed.timeline_figure.layout.annotations[1].text == "measured"
