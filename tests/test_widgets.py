@@ -163,7 +163,9 @@ def solved_editor():
     if not hasattr(core, "solve"):
         pytest.skip("av.solve has not landed in alpaviz.core yet (inter-op pass)")
     graph = tiny_graph()
-    session = EditorSession(graph, whatif=av.widgets.WhatIf(4, "1f1b", av.Cluster.a100_node(1)))
+    # the analytic stage cost keeps this fast; the browser test runs the default (ILP) stage cost
+    session = EditorSession(graph, whatif=av.widgets.WhatIf(4, "1f1b", av.Cluster.a100_node(1)),
+                            solve_options={"stage_cost": core.analytic_stage_cost})
     return PlanEditor(session)
 
 
