@@ -101,7 +101,7 @@ def _operand_specs(graph: OpGraph, plan: ShardingPlan) -> dict[str, tuple[tuple[
     """Per operator, the operands whose required spec differs from the spec they were produced in."""
     from alpaviz.core._cluster import Link, LogicalMesh
     from alpaviz.core._cost_model import CostModel
-    from alpaviz.core._strategies import _NAMING_DEVICE, enumerate_strategies
+    from alpaviz.core._strategies import NAMING_DEVICE, enumerate_strategies
 
     r, c = plan.mesh_shape
     link = Link(alpha_s=0.0, bandwidth_bytes_per_s=1.0)
@@ -110,7 +110,7 @@ def _operand_specs(graph: OpGraph, plan: ShardingPlan) -> dict[str, tuple[tuple[
     out: dict[str, tuple[tuple[str, Any], ...]] = {}
     for name, chosen in plan.strategies:
         node = graph.node(name)
-        options = enumerate_strategies(graph, node, mesh, CostModel(), _NAMING_DEVICE)
+        options = enumerate_strategies(graph, node, mesh, CostModel(), NAMING_DEVICE)
         strategy = next((s for s in options if s.name == chosen), None)
         if strategy is None:
             raise ValueError(f"the plan's strategy {chosen!r} for {name} is not one of its strategies on {plan.mesh_shape}")

@@ -434,7 +434,7 @@ def collective_counts(graph: OpGraph, plan: ShardingPlan, mesh: LogicalMesh) -> 
     `all-to-all`), so they can be compared with a compiled module's text.
     """
     from alpaviz.core._resharding import plan_resharding
-    from alpaviz.core._strategies import _NAMING_DEVICE, enumerate_strategies
+    from alpaviz.core._strategies import NAMING_DEVICE, enumerate_strategies
 
     counts = {"all-reduce": 0, "reduce-scatter": 0, "all-gather": 0, "all-to-all": 0}
     specs = plan.spec_map
@@ -443,8 +443,11 @@ def collective_counts(graph: OpGraph, plan: ShardingPlan, mesh: LogicalMesh) -> 
         node = graph.node(name)
         if node.primitive in IDENTITY:
             continue
-        options = enumerate_strategies(graph, node, mesh, CostModel(), _NAMING_DEVICE)
-        strategy = next(s for s in options if s.name == chosen)
+        options = enumerate_strategies(graph, node, mesh, CostModel(), NAMING_DEVICE)
+        strategy = next((s for s in options if s.name == chosen), None)
+        if strategy is None:
+            raise ValueError(f"the plan's strategy {chosen!r} for {name} is not one of its strategies on mesh "
+                             f"{mesh.shape}; was the plan solved for this graph and mesh?")
         for c in strategy.collectives:
             counts[c.kind] += 1
         for tensor, need in zip(node.inputs, strategy.in_specs):

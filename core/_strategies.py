@@ -25,7 +25,7 @@ from alpaviz.core._spec import Spec, replicated, spec_name
 
 IDENTITY_STRATEGY = "identity"
 # Nominal device for naming only: names never depend on costs.
-_NAMING_DEVICE = DeviceSpec("naming", peak_flops=1.0, memory_bytes=1.0)
+NAMING_DEVICE = DeviceSpec("naming", peak_flops=1.0, memory_bytes=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +121,7 @@ def enumerate_strategies(graph: OpGraph, node: OpNode, mesh: LogicalMesh,
 def strategy_names(graph: OpGraph, node_name: str, mesh: LogicalMesh) -> tuple[str, ...]:
     """The stable strategy names of one operator, for pins and the editor's dropdown."""
     node = graph.node(node_name)
-    return tuple(s.name for s in enumerate_strategies(graph, node, mesh, CostModel(), _NAMING_DEVICE))
+    return tuple(s.name for s in enumerate_strategies(graph, node, mesh, CostModel(), NAMING_DEVICE))
 
 
 def _label_strategies(node: OpNode, ins: list[TensorInfo], outs: list[TensorInfo], labels: DimLabels,
