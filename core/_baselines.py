@@ -23,7 +23,7 @@ from alpaviz.core._graph import OpGraph
 from alpaviz.core._layer_clustering import cluster_layers
 from alpaviz.core._pins import Pins
 from alpaviz.core._plan import Plan
-from alpaviz.core._inter_op import StageChoice
+from alpaviz.core._inter_op import MeshChoice, StageChoice
 from alpaviz.core._solve import InfeasiblePinsError, evaluate_stages, prepare, solve
 from alpaviz.core._spec import replicated
 
@@ -87,16 +87,16 @@ def data_parallel(
     if fn is analytic_stage_cost:  # pure data parallel by construction; no sharding pins needed
         pins = Pins(num_stages=1).with_submesh(0, whole_cluster(cluster), (cluster.num_devices, 1))
     notes: tuple[str, ...] = ()
+    only = [MeshChoice(whole_cluster(cluster), (cluster.num_devices, 1))]
     try:
-        setup = prepare(graph, cluster=cluster, pins=pins, stage_cost=fn, **setup_options)
+        setup = prepare(graph, cluster=cluster, pins=pins, stage_cost=fn, meshes=only, **setup_options)
     except InfeasiblePinsError as err:
         # The ILP may refuse replicated parameters (e.g. a tied embedding whose update aliases
         # another layer's); then only the batch split is pinned and the ILP shards the rest.
         pins = data_parallel_pins(graph, cluster, replicate_state=False)
-        setup = prepare(graph, cluster=cluster, pins=pins, stage_cost=fn, **setup_options)
+        setup = prepare(graph, cluster=cluster, pins=pins, stage_cost=fn, meshes=only, **setup_options)
         notes = (f"parameters not pinned replicated: {str(err).splitlines()[0][:200]}",)
-    mesh = _mesh_index(setup.meshes, whole_cluster(cluster), (cluster.num_devices, 1))
-    return evaluate_stages(setup, [StageChoice(0, graph.num_layers, mesh)], pins, notes=notes, **run)
+    return evaluate_stages(setup, [StageChoice(0, graph.num_layers, 0)], pins, notes=notes, **run)
 
 
 def _submesh_of(devices: int, cluster: Cluster) -> tuple[int, int] | None:

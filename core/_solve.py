@@ -199,8 +199,12 @@ def prepare(
     profile: bool = False,
     submeshes: Sequence[tuple[int, int]] | None = None,
     workers: int = 1,
+    meshes: Sequence[MeshChoice] | None = None,
 ) -> SolveSetup:
-    """Trace and layer the graph, check the pins, and build the stage cost table."""
+    """Trace and layer the graph, check the pins, and build the stage cost table.
+
+    `meshes` restricts the mesh choices (a baseline that needs only one mesh profiles only that).
+    """
     if isinstance(fn_or_graph, OpGraph):
         if args:
             raise ValueError("solve(graph, ...) takes no example arguments when given an OpGraph")
@@ -213,7 +217,7 @@ def prepare(
     cost_model = CostModel() if cost_model is None else cost_model
     cache = StageProfileCache() if cache is None else cache
     check_pins(pins, graph, cluster)
-    meshes = mesh_choices(cluster, submeshes)
+    meshes = tuple(meshes) if meshes is not None else mesh_choices(cluster, submeshes)
     fn = stage_cost if stage_cost is not None else default_stage_cost()
     name = getattr(fn, "__name__", type(fn).__name__)
     if not ilp_available() and stage_cost is None:
