@@ -188,6 +188,23 @@ def test_2x2_mesh_mixes_data_and_tensor_parallelism():
     assert batch_axes and weight_axes and not batch_axes & weight_axes, (lhs, rhs)
     data_only = solve_sharding(graph, mesh, CLUSTER, pins=av.Pins().with_strategy(first.name, "S01R = S01R x RR"))
     assert data_only.objective > plan.objective
+    predicted = collective_counts(graph, plan, mesh)
+    reductions, others = _hlo_counts(graph, plan)
+    assert others["all-gather"] == predicted["all-gather"] and others["all-to-all"] == predicted["all-to-all"]
+    # XLA may reduce over both mesh axes in two steps (one per axis), never fewer than planned.
+    assert reductions >= predicted["all-reduce"] + predicted["reduce-scatter"]
+
+
+def test_cbc_fallback_finds_the_same_optimum(monkeypatch):
+    import pulp
+
+    graph = mlp(16, 1024, 4096)
+    mesh = _mesh((2, 2))
+    highs = solve_sharding(graph, mesh, CLUSTER)
+    monkeypatch.setattr(pulp.HiGHS, "available", lambda self: False)
+    cbc = solve_sharding(graph, mesh, CLUSTER)
+    assert cbc.status == "optimal"
+    assert cbc.objective == pytest.approx(highs.objective, rel=1e-6)
 
 
 # ---- memory, sub-graphs and the result record -----------------------------------------------------
