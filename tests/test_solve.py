@@ -286,3 +286,23 @@ def test_profiling_in_worker_processes_gives_the_same_plan(gpt4):
     parallel = solve(gpt4, workers=2, **options)
     assert parallel.stages == serial.stages
     assert parallel.predicted == serial.predicted
+
+
+@pytest.mark.slow
+def test_a_solved_plan_runs_and_matches_a_single_device_step():
+    import numpy as np
+
+    m = 2
+    step, params, batch = av.models.gpt(num_layers=2, hidden=32, heads=2, seq_len=8, vocab=64, batch_size=8)
+    micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // m, *x.shape[1:]), x.dtype), batch)
+    graph = av.trace(step, params, micro)
+    cluster = av.Cluster.local()
+    pins = av.Pins(num_stages=2, stage_cuts=(1,))
+    plan = solve(graph, cluster=cluster, num_microbatches=m, pins=pins, progress=False, stage_cost=analytic_stage_cost)
+    assert plan.num_stages == 2
+    parallel = av.parallelize(step, plan, example_args=(params, batch), record_trace=False)
+    got_params, got_loss = parallel(params, batch)
+    want_params, want_loss = jax.jit(step)(params, batch)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+    for g, w in zip(jax.tree.leaves(got_params), jax.tree.leaves(want_params)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
