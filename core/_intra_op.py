@@ -282,27 +282,32 @@ def _allowed(simp: Simplified, restrictions) -> tuple[tuple[int, ...], ...]:
 
 
 def _kept_tensors(graph: OpGraph, simp: Simplified) -> dict[str, list[str]]:
-    """Tensors that live across the step: state inputs, gradients, activations read by backward."""
-    role = {n: graph.node(n).role for n in simp.nodes}
-    inputs, grads, acts = [], [], []
-    seen: set[str] = set()
+    """Tensors that live across the step, each counted once.
+
+    Activations: forward values (made here or by an earlier stage) that a
+    backward operator here reads, kept per microbatch.  Gradients: backward
+    values an update reads.  Inputs: the step's arguments (parameters,
+    optimizer state, batch) and anything else this sub-graph receives.
+    This sums them rather than tracking liveness, so it bounds the peak from above.
+    """
+    readers: dict[str, set[str]] = {}
     for name in simp.nodes:
         node = graph.node(name)
         for raw in node.inputs:
             t = simp.resolve(raw)
-            info = graph.tensor(t)
-            if t in seen or simp.is_free(graph, t) or t not in simp.group_of_tensor:
-                continue
-            producer = info.producer if info.producer in role else None
-            if producer is None:
-                inputs.append(t)
-            elif role[producer] == "backward" and node.role == "update":
-                grads.append(t)
-            elif role[producer] == "forward" and node.role == "backward":
-                acts.append(t)
-            else:
-                continue
-            seen.add(t)
+            if t in simp.group_of_tensor and not simp.is_free(graph, t):
+                readers.setdefault(t, set()).add(node.role)
+    here = set(simp.nodes)
+    inputs, grads, acts = [], [], []
+    for t, roles in readers.items():
+        info = graph.tensor(t)
+        made_by = graph.node(info.producer).role if info.producer else None
+        if made_by == "forward" and "backward" in roles:
+            acts.append(t)
+        elif made_by == "backward" and "update" in roles:
+            grads.append(t)
+        elif info.producer is None or info.producer not in here:
+            inputs.append(t)
     return {"all": inputs + grads + acts, "activations": acts}
 
 
