@@ -24,8 +24,8 @@ from alpaviz.core._simplify import Simplified, simplify
 from alpaviz.core._spec import Spec, check_spec, replicated, spec_name
 from alpaviz.core._strategies import shard_bytes, strategy_names, tensor_bytes
 
-__all__ = ["ShardingInfeasibleError", "solve_sharding", "solve_sharding_auto", "strategy_names",
-           "parameter_aliases"]
+__all__ = ["ShardingInfeasibleError", "collective_counts", "parameter_aliases", "solve_sharding",
+           "solve_sharding_auto", "strategy_names"]
 
 
 class ShardingInfeasibleError(ValueError):
