@@ -133,6 +133,8 @@ def test_sharding_and_strategy_rows():
     assert wte.pinned and wte.name == "S0R" and wte.shard_shape == (64 // 4, 32) and len(wte.blocks) == 4
     strategies = vm.strategy_rows(graph, plan, pins, lambda node, stage: ("RR", "SR"))
     assert strategies and all(r.options[0].startswith("RR =") and "SR" in r.options for r in strategies)
+    top = vm.costliest_operator(graph, strategies)
+    assert graph.node(top).flops == max(graph.node(r.node).flops for r in strategies)
 
 
 def test_gantt_bars_and_cost_view():

@@ -220,3 +220,18 @@ def test_launch_runs_the_plan_and_fills_the_measured_timeline():
     bars = [e for e in measured.events if e.kind in ("forward", "backward", "update")]
     assert bars and sum(len(t.x) for t in drawn) == len(bars)
     assert ed.timeline_figure.layout.annotations[1].text == "measured"
+
+
+def test_panel_editor_pins_a_strategy_and_expands_a_layer():
+    from alpaviz.widgets._app import PanelEditor
+
+    graph = tiny_graph()
+    app = PanelEditor(EditorSession(graph, hand_plan(graph), solver=hand_solver))
+    node = app.op_select.value
+    assert node is not None and app.strategy_select.value == "(solver's choice)"
+    choice = app.strategy_select.options[1]
+    app.strategy_select.value = choice
+    assert app.session.pins.strategy_map == {node: choice}
+    app.graph_level.value = "op"
+    app.graph_layer.value = 3
+    assert {graph.node(k).layer for k in app.graph_pane.object.data[1].customdata} == {3}

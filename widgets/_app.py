@@ -29,7 +29,10 @@ class PanelEditor:
         self.cut_row = pn.FlexBox()
         self.submesh_column = pn.Column()
         self.graph_level = pn.widgets.RadioButtonGroup(options={"layers": "layer", "operators": "op"}, value="layer")
+        self.graph_layer = pn.widgets.Select(name="layer (operators view)", options={"all": -1}, value=-1, width=160)
         self.graph_pane = pn.pane.Plotly(height=320, sizing_mode="stretch_width")
+        self.op_select = pn.widgets.Select(name="operator", width=420)
+        self.strategy_select = pn.widgets.Select(name="strategy", width=420)
         self.tensor_select = pn.widgets.Select(name="tensor", width=420)
         self.mesh_pane = pn.pane.HTML()
         self.timeline_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
@@ -59,8 +62,9 @@ class PanelEditor:
             pn.Row(self.microbatches, self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw),
             pn.pane.Markdown("### Stage cuts (click a gap: pin cut, pin no-cut, free)"), self.cut_row,
             self.submesh_column,
-            pn.pane.Markdown("### Operator graph"), self.graph_level, self.graph_pane,
+            pn.pane.Markdown("### Operator graph"), pn.Row(self.graph_level, self.graph_layer), self.graph_pane,
             pn.pane.Markdown("### Sharding"), self.tensor_select, self.mesh_pane,
+            pn.Row(self.op_select, self.strategy_select),
             pn.pane.Markdown("### Pipeline"), self.timeline_pane,
             pn.pane.Markdown("### Cost"), self.cost_pane,
             sizing_mode="stretch_width",
@@ -73,6 +77,9 @@ class PanelEditor:
         self.launch_button.on_click(lambda _: s.launch())
         self.upload.param.watch(self._on_upload, "value")
         self.graph_level.param.watch(lambda _: self._draw_graph(), "value")
+        self.graph_layer.param.watch(lambda _: self._draw_graph(), "value")
+        self.op_select.param.watch(lambda _: self._fill_strategies(), "value")
+        self.strategy_select.param.watch(self._on_strategy, "value")
         self.tensor_select.param.watch(lambda _: self._draw_mesh(), "value")
         for control in (self.microbatches, self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw):
             control.param.watch(self._on_whatif, "value")
@@ -120,6 +127,12 @@ class PanelEditor:
             self.tensor_select.options = list(rows)
             self.tensor_select.value = keep if keep in rows else next(iter(rows), None)
             self._draw_mesh()
+            self._strategies = {r.node: r for r in vm.strategy_rows(s.graph, s.plan, s.pins)}
+            keep = self.op_select.value
+            self.op_select.options = {f"{n} (stage {r.stage})": n for n, r in self._strategies.items()}
+            self.op_select.value = (keep if keep in self._strategies
+                                   else vm.costliest_operator(s.graph, list(self._strategies.values())))
+            self._fill_strategies()
             if getattr(self, "_drawn", None) != (s.plan, s.measured):  # pin edits leave the plan's figures
                 self._draw_graph()
                 try:
@@ -167,10 +180,31 @@ class PanelEditor:
             rows.append(pn.Row(select, pn.pane.HTML(html.escape(band.label))))
         self.submesh_column.objects = rows
 
+    def _fill_strategies(self) -> None:
+        row = getattr(self, "_strategies", {}).get(self.op_select.value)
+        syncing, self._syncing = self._syncing, True
+        try:
+            if row is None:
+                self.strategy_select.options, self.strategy_select.value = [SOLVER_CHOICE], SOLVER_CHOICE
+                return
+            self.strategy_select.options = [SOLVER_CHOICE, *self.session.strategy_options(row)]
+            self.strategy_select.value = row.pinned or SOLVER_CHOICE
+        finally:
+            self._syncing = syncing
+
+    def _on_strategy(self, event: Any) -> None:
+        if self._syncing or self.op_select.value is None:
+            return
+        self.session.pin_strategy(self.op_select.value, None if event.new == SOLVER_CHOICE else event.new)
+
     def _draw_graph(self) -> None:
         s = self.session
+        options = {"all": -1} | {f"L{i}": i for i in range(s.graph.num_layers)}
+        if self.graph_layer.options != options:
+            self.graph_layer.options = options
+        layer = self.graph_layer.value
         view = (vm.layer_graph_view(s.graph, s.plan) if self.graph_level.value == "layer"
-                else vm.op_graph_view(s.graph, s.plan, max_nodes=300))
+                else vm.op_graph_view(s.graph, s.plan, None if layer in (-1, None) else [layer], max_nodes=300))
         self.graph_pane.object = F.graph_figure(view)
 
     def _draw_mesh(self) -> None:

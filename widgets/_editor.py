@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from alpaviz.core import OpGraph, Plan
 from alpaviz.widgets import _figures as F
 from alpaviz.widgets import _view_model as vm
-from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, default_strategy_names
+from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf
 
 SOLVER_CHOICE = "(solver's choice)"
 
@@ -36,7 +36,7 @@ class PlanEditor(W.VBox):
 
     def __init__(self, session: EditorSession, strategy_names: Callable[..., tuple[str, ...]] | None = None):
         self.session = session
-        self._strategy_names = strategy_names or default_strategy_names()
+        self._strategy_names = strategy_names
         self._syncing = False
         self.headline = W.HTML()
         self.status = W.HTML()
@@ -245,7 +245,8 @@ class PlanEditor(W.VBox):
         self._strategies = {r.node: r for r in vm.strategy_rows(s.graph, s.plan, s.pins)}
         keep = self.op_select.value
         self.op_select.options = [(f"{n} (stage {r.stage})", n) for n, r in self._strategies.items()]
-        self.op_select.value = keep if keep in self._strategies else next(iter(self._strategies), None)
+        self.op_select.value = (keep if keep in self._strategies
+                                   else vm.costliest_operator(s.graph, list(self._strategies.values())))
         self._fill_strategies()
 
     def _draw_mesh(self) -> None:
@@ -265,16 +266,7 @@ class PlanEditor(W.VBox):
             self._syncing = syncing
 
     def _options_for(self, row: vm.StrategyRow) -> tuple[str, ...]:
-        """The selected operator's strategies on its stage's mesh (asked only for the one shown)."""
-        options = list(row.options)
-        if self._strategy_names is not None:
-            stage = self.session.plan.stages[row.stage]
-            try:
-                mesh = self.session.plan.cluster.logical_mesh(stage.submesh, stage.logical_mesh, stage.device_ids[0])
-                options += [n for n in self._strategy_names(self.session.graph, row.node, mesh) if n not in options]
-            except Exception:  # an operator the strategy table does not know: offer what the plan has
-                pass
-        return tuple(options)
+        return self.session.strategy_options(row, self._strategy_names)
 
     def _draw_timeline(self) -> None:
         s = self.session

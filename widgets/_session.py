@@ -145,6 +145,19 @@ class EditorSession:
     def pin_submesh(self, stage: int, choice) -> Outcome:
         return self._changed(self._edit(lambda: _edits.pin_submesh(self.pins, stage, choice), f"stage {stage}'s submesh"))
 
+    def strategy_options(self, row, strategy_names=None) -> tuple[str, ...]:
+        """A `StrategyRow`'s alternatives on its stage's mesh; asked per operator shown, not for all."""
+        names = strategy_names or default_strategy_names()
+        options = list(row.options)
+        if names is not None:
+            stage = self.plan.stages[row.stage]
+            try:
+                mesh = self.plan.cluster.logical_mesh(stage.submesh, stage.logical_mesh, stage.device_ids[0])
+                options += [n for n in names(self.graph, row.node, mesh) if n not in options]
+            except Exception:  # an operator the strategy table does not know: offer what the plan has
+                pass
+        return tuple(options)
+
     def pin_strategy(self, node: str, strategy: str | None) -> Outcome:
         return self._changed(self._edit(lambda: _edits.pin_strategy(self.pins, node, strategy), f"{node}'s strategy"))
 

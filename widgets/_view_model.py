@@ -315,6 +315,12 @@ def strategy_rows(graph: OpGraph, plan: Plan, pins: Pins, options_for=None) -> t
     return tuple(sorted(rows, key=lambda r: (r.stage, order.get(r.node, -1))))  # program order
 
 
+def costliest_operator(graph: OpGraph, rows: Sequence[StrategyRow]) -> str | None:
+    """The operator the sharding view opens on: the one with the most FLOPs."""
+    known = [r.node for r in rows if r.node in graph.node_by_name]
+    return max(known, key=lambda n: graph.node(n).flops, default=None)
+
+
 # ---- pipeline timeline ----------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class GanttBar:
