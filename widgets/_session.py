@@ -44,6 +44,14 @@ def default_strategy_names() -> Callable[..., tuple[str, ...]] | None:
     return core_function("_intra_op", "strategy_names") or core_function("_strategies", "strategy_names")
 
 
+def repeat_batch(batch: Any, times: int) -> Any:
+    """Every array of `batch` repeated `times` along its leading (batch) dim."""
+    import jax
+    import jax.numpy as jnp
+
+    return batch if times == 1 else jax.tree.map(lambda x: jnp.concatenate([x] * times, axis=0), batch)
+
+
 @dataclasses.dataclass(frozen=True)
 class WhatIf:
     """The re-planning knobs: microbatches, schedule, cluster preset and link bandwidths."""
@@ -226,10 +234,13 @@ class EditorSession:
         if self.step_fn is None:
             return self._changed(Outcome(False, "Launch needs the training step: open the editor with av.editor(fn, *args)"))
         try:
-            step = parallelize(self.step_fn, self.plan, example_args=self.example_args, graph=self.graph)
-            state, rest = self.example_args[0], self.example_args[1:]
+            # The graph was traced at the example batch, which the plan takes as one microbatch:
+            # a step runs num_microbatches of them, so the launch repeats the example batch.
+            state, batch = self.example_args[0], self.example_args[1:]
+            batch = repeat_batch(batch, self.plan.schedule.num_microbatches)
+            step = parallelize(self.step_fn, self.plan, example_args=(state, *batch))
             for _ in range(steps):
-                state, _loss = step(state, *rest)
+                state, _loss = step(state, *batch)
             self.measured = step.last_trace()
         except Exception as err:  # shown in the UI, the plan stays
             return self._changed(Outcome(False, f"launch failed: {type(err).__name__}: {err}"))
