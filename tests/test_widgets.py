@@ -118,7 +118,23 @@ def test_missing_solver_and_launch_show_messages_not_tracebacks():
     ed.resolve_button.click()
     assert "Re-solve not available" in ed.status.value
     ed.launch_button.click()
-    assert "Launch" in ed.status.value and ed.session.plan.stage_cuts == (2,)
+    assert "Launch needs the training step" in ed.status.value and ed.session.plan.stage_cuts == (2,)
+
+
+def test_failed_launch_is_a_message_and_the_plan_stays():
+    graph = tiny_graph()
+
+    def broken_step(params, batch):
+        raise RuntimeError("out of device memory (simulated)")
+
+    _, params, batch = av.models.gpt(num_layers=4, hidden=32, heads=2, seq_len=16, vocab=64, batch_size=4)
+    session = EditorSession(graph, hand_plan(graph), solver=hand_solver, step_fn=broken_step,
+                            example_args=(params, batch))
+    ed = PlanEditor(session)
+    shown = session.plan
+    ed.launch_button.click()
+    assert "launch failed: RuntimeError: out of device memory (simulated)" in ed.status.value
+    assert "#b00020" in ed.status.value and session.plan is shown and session.measured is None
 
 
 def test_save_and_load_buttons(tmp_path):
