@@ -49,14 +49,9 @@ def app_url():
         import playwright.sync_api  # noqa: F401
     except ImportError:
         pytest.fail("Playwright's Python client is missing: pip install -e '.[test]' (no browser download needed)")
-    import alpaviz.core as core
-
     port = _free_port()
-    command = [sys.executable, "-m", "alpaviz", "serve", "--port", str(port), "--layers", "4"]
-    if not hasattr(core, "solve"):  # until av.solve lands, a hand-made test double plans
-        command += ["--solver", "test_view_model:hand_solver"]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent),
-                                                         os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "alpaviz", "serve", "--port", str(port), "--layers", "4"]  # av.solve plans
+    env = dict(os.environ)
     ARTIFACTS.mkdir(exist_ok=True)
     log = ARTIFACTS / "browser_server.log"
     with open(log, "w") as out:  # a file, not a pipe: a full pipe would stall the server
