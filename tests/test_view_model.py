@@ -188,6 +188,19 @@ def test_session_whatif_replans_and_without_solver_says_so():
     assert "not available" in lonely.resolve().message
 
 
+def test_session_keeps_the_cache_it_is_given():
+    class EmptyCache:
+        def __len__(self):
+            return 0
+
+    cache = EmptyCache()
+    graph = tiny_graph()
+    seen = []
+    session = EditorSession(graph, hand_plan(graph), solver=lambda g, **kw: seen.append(kw["cache"]) or hand_plan(g),
+                            solve_options={"cache": cache})
+    assert session.resolve().ok and seen == [cache]
+
+
 def test_session_save_and_load_round_trip(tmp_path):
     graph = tiny_graph()
     session = EditorSession(graph, hand_plan(graph), solver=hand_solver)

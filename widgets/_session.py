@@ -104,7 +104,8 @@ class EditorSession:
         self.graph = graph
         self.solver = solver or default_solver()
         self.solve_options = dict(solve_options or {})
-        self.cache = self.solve_options.pop("cache", None) or self._make_cache()
+        cache = self.solve_options.pop("cache", None)  # an empty cache is falsy: test for None
+        self.cache = self._make_cache() if cache is None else cache
         self.whatif = whatif or (WhatIf(plan.schedule.num_microbatches, plan.schedule.kind, plan.cluster)
                                  if plan else WhatIf())
         self.step_fn, self.example_args = step_fn, example_args
