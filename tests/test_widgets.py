@@ -103,11 +103,16 @@ def test_whatif_controls_replan():
     ed = _editor()
     ed.microbatches.value = 16
     assert ed.session.plan.schedule.num_microbatches == 16
-    ed.hosts.value = 2
+    ed.hosts.value = 2  # the current (A100) hosts, two of them
+    assert ed.session.plan.cluster.num_devices == 16 and ed.session.plan.cluster.device.name == "A100-40GB"
     ed.preset.value = "h100"
-    assert ed.session.plan.cluster.num_devices == 16 and ed.session.plan.cluster.device.name == "H100-80GB"
+    h100 = av.Cluster.h100_node(2)
+    assert ed.session.plan.cluster.num_devices == 16 and ed.session.plan.cluster.device == h100.device
+    assert ed.session.plan.cluster.intra_host == h100.intra_host  # the preset's links, not the old fields
+    assert ed.intra_bw.value == pytest.approx(h100.intra_host.bandwidth_bytes_per_s / 1e9)
     ed.inter_bw.value = 1.0
     assert ed.session.plan.cluster.inter_host.bandwidth_bytes_per_s == pytest.approx(1e9)
+    assert ed.session.plan.cluster.intra_host == h100.intra_host
 
 
 def test_missing_solver_and_launch_show_messages_not_tracebacks():
@@ -251,3 +256,20 @@ def test_panel_editor_pins_a_strategy_and_expands_a_layer():
     app.graph_level.value = "op"
     app.graph_layer.value = 3
     assert {graph.node(k).layer for k in app.graph_pane.object.data[1].customdata} == {3}
+
+
+def test_panel_whatif_controls_replan():
+    from alpaviz.widgets._app import PanelEditor
+
+    graph = tiny_graph()
+    app = PanelEditor(EditorSession(graph, hand_plan(graph), solver=hand_solver))
+    app.preset.value = "v100"
+    v100 = av.Cluster.v100_node(1)
+    assert app.session.plan.cluster.device == v100.device and app.session.plan.cluster.intra_host == v100.intra_host
+    assert app.intra_bw.value == pytest.approx(100.0)
+    app.microbatches.value = 8
+    app.schedule.value = "gpipe"
+    assert app.session.plan.schedule.num_microbatches == 8 and app.session.whatif.schedule == "gpipe"
+    app.microbatches.value = 0
+    assert "num_microbatches must be &gt;= 1, got 0" in app.status.object  # said before any solve
+    assert app.session.plan.schedule.num_microbatches == 8 and app.session.whatif.num_microbatches == 8

@@ -13,7 +13,7 @@ import panel as pn
 
 from alpaviz.widgets import _figures as F
 from alpaviz.widgets import _view_model as vm
-from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf
+from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, whatif_from_controls
 
 SOLVER_CHOICE = "(solver's choice)"
 
@@ -99,17 +99,22 @@ class PanelEditor:
         if event.new:
             self.session.load(event.new.decode() if isinstance(event.new, bytes) else str(event.new))
 
-    def _on_whatif(self, _event: Any) -> None:
+    def _on_whatif(self, event: Any) -> None:
         if self._syncing:
             return
         try:
-            w = WhatIf(self.microbatches.value, self.schedule.value, self.session.whatif.cluster)
-            if self.preset.value in PRESETS:
-                w = w.with_preset(self.preset.value, self.hosts.value)
-            w = w.with_bandwidths(self.intra_bw.value, self.inter_bw.value)
+            w = whatif_from_controls(self.session.whatif, event.obj in (self.preset, self.hosts),
+                                     self.microbatches.value, self.schedule.value, self.preset.value,
+                                     self.hosts.value, self.intra_bw.value, self.inter_bw.value)
         except ValueError as err:
             self.status.object = _message(False, str(err))
             return
+        self._syncing = True
+        try:  # a new preset brings its own link figures: show them
+            self.intra_bw.value = w.cluster.intra_host.bandwidth_bytes_per_s / 1e9
+            self.inter_bw.value = w.cluster.inter_host.bandwidth_bytes_per_s / 1e9
+        finally:
+            self._syncing = False
         self.session.set_whatif(w)
 
     # ---- drawing -----------------------------------------------------------------

@@ -60,10 +60,24 @@ class WhatIf:
     schedule: Literal["1f1b", "gpipe"] = "1f1b"
     cluster: Cluster = dataclasses.field(default_factory=lambda: Cluster.a100_node(1))
 
+    def __post_init__(self) -> None:
+        if self.num_microbatches < 1:
+            raise ValueError(f"num_microbatches must be >= 1, got {self.num_microbatches}")
+        if self.schedule not in ("1f1b", "gpipe"):
+            raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {self.schedule!r}")
+
     def with_preset(self, preset: str, num_hosts: int) -> "WhatIf":
         if preset not in PRESETS:
             raise ValueError(f"unknown cluster preset {preset!r}; choose one of {sorted(PRESETS)}")
         return dataclasses.replace(self, cluster=PRESETS[preset](num_hosts))
+
+    def with_hosts(self, num_hosts: int) -> "WhatIf":
+        """The same kind of host, `num_hosts` of them."""
+        if num_hosts < 1:
+            raise ValueError(f"a cluster needs at least one host, got {num_hosts}")
+        c = self.cluster
+        name = f"{num_hosts}x{c.devices_per_host} {c.device.name.split('-')[0]}"
+        return dataclasses.replace(self, cluster=dataclasses.replace(c, num_hosts=num_hosts, name=name))
 
     def with_bandwidths(self, intra_gb_s: float, inter_gb_s: float) -> "WhatIf":
         """Link bandwidths in GB/s (latencies kept)."""
@@ -72,6 +86,15 @@ class WhatIf:
         c = self.cluster
         return dataclasses.replace(self, cluster=c.with_links(
             Link(c.intra_host.alpha_s, intra_gb_s * 1e9), Link(c.inter_host.alpha_s, inter_gb_s * 1e9)))
+
+
+def whatif_from_controls(current: WhatIf, cluster_changed: bool, microbatches: int, schedule: str, preset: str,
+                         hosts: int, intra_gb_s: float, inter_gb_s: float) -> WhatIf:
+    """The what-if the controls describe; a changed preset or host count keeps its own link figures."""
+    w = dataclasses.replace(current, num_microbatches=microbatches, schedule=schedule)
+    if cluster_changed:
+        return w.with_preset(preset, hosts) if preset in PRESETS else w.with_hosts(hosts)
+    return w.with_bandwidths(intra_gb_s, inter_gb_s)
 
 
 @dataclasses.dataclass(frozen=True)
