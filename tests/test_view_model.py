@@ -131,6 +131,9 @@ def test_sharding_and_strategy_rows():
     assert rows[0].tensor.startswith("params.")
     wte = next(r for r in rows if r.tensor == "params.wte")
     assert wte.pinned and wte.name == "S0R" and wte.shard_shape == (64 // 4, 32) and len(wte.blocks) == 4
+    from alpaviz.core import to_partition_spec
+
+    assert wte.partition_spec == str(to_partition_spec(wte.spec)).replace("PartitionSpec", "P")
     strategies = vm.strategy_rows(graph, plan, pins, lambda node, stage: ("RR", "SR"))
     assert strategies and all(r.options[0].startswith("RR =") and "SR" in r.options for r in strategies)
     top = vm.costliest_operator(graph, strategies)

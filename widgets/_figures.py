@@ -118,6 +118,6 @@ def mesh_html(row: ShardingRow) -> str:
         "<tr>" + "".join(cells.get((i, j), "<td></td>") for j in range(row.mesh_shape[1])) + "</tr>"
         for i in range(row.mesh_shape[0])
     )
-    caption = (f"{html.escape(row.tensor)} {row.shape} as {row.name} {row.spec} on mesh "
+    caption = (f"{html.escape(row.tensor)} {row.shape} as {row.name} = {html.escape(row.partition_spec)} on mesh "
                f"{row.mesh_shape[0]}x{row.mesh_shape[1]}: block {row.shard_shape}")
     return f'<div><div style="font-size:12px">{caption}</div><table style="border-collapse:collapse">{rows}</table></div>'

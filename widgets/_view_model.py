@@ -232,6 +232,12 @@ class ShardingRow:
     pinned: bool
 
     @property
+    def partition_spec(self) -> str:
+        """The spec as `jax.sharding.PartitionSpec` prints it, e.g. "P('x', None)"."""
+        dims = ["None" if not axes else repr(axes[0]) if len(axes) == 1 else repr(tuple(axes)) for axes in self.spec]
+        return f"P({', '.join(dims)})"
+
+    @property
     def shard_shape(self) -> tuple[int, ...]:
         """The per-device block shape, () when the spec does not divide the tensor."""
         try:
