@@ -306,3 +306,26 @@ def test_a_solved_plan_runs_and_matches_a_single_device_step():
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
     for g, w in zip(jax.tree.leaves(got_params), jax.tree.leaves(want_params)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "submeshes",
+    [[(1, 2), (1, 8), (1, 4), (1, 2)], [(1, 4), (2, 8), (1, 4), (1, 8)], [(1, 1), (1, 1), (1, 2), (1, 4), (3, 8)]],
+    ids=["one-host-full", "two-host-stage", "small-first"],
+)
+def test_stage_submeshes_are_packed_without_overlap_inside_hosts(submeshes):
+    from alpaviz.core._solve import place_stages
+
+    per_host = 8
+    cluster = av.Cluster.a100_node(sum(h * w for h, w in submeshes) // per_host)
+    firsts = place_stages(submeshes, cluster)
+    used = []
+    for (hosts, width), first in zip(submeshes, firsts):
+        ids = list(range(first, first + hosts * width))
+        used += ids
+        if hosts == 1:
+            assert ids[0] // per_host == ids[-1] // per_host, f"{(hosts, width)} at {first} straddles hosts"
+            assert first % width == 0, "a power-of-two submesh sits on an aligned slot"
+        else:
+            assert first % per_host == 0
+    assert sorted(used) == list(range(cluster.num_devices))
