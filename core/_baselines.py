@@ -47,6 +47,8 @@ def data_parallel_pins(graph: OpGraph, cluster: Cluster, replicate_state: bool =
     """Pins for pure data parallelism: one stage, mesh (N, 1), state replicated, batch split."""
     n = cluster.num_devices
     pins = Pins(num_stages=1).with_submesh(0, whole_cluster(cluster), (n, 1))
+    if n == 1:  # nothing to replicate or split
+        return pins
     state = state_inputs(graph)
     for name in graph.inputs:
         shape = graph.tensor(name).shape
@@ -86,17 +88,22 @@ def data_parallel(
     pins = data_parallel_pins(graph, cluster)
     if fn is analytic_stage_cost:  # pure data parallel by construction; no sharding pins needed
         pins = Pins(num_stages=1).with_submesh(0, whole_cluster(cluster), (cluster.num_devices, 1))
-    notes: tuple[str, ...] = ()
     only = [MeshChoice(whole_cluster(cluster), (cluster.num_devices, 1))]
-    try:
-        setup = prepare(graph, cluster=cluster, pins=pins, stage_cost=fn, meshes=only, **setup_options)
-    except InfeasiblePinsError as err:
-        # The ILP may refuse replicated parameters (e.g. a tied embedding whose update aliases
-        # another layer's); then only the batch split is pinned and the ILP shards the rest.
-        pins = data_parallel_pins(graph, cluster, replicate_state=False)
-        setup = prepare(graph, cluster=cluster, pins=pins, stage_cost=fn, meshes=only, **setup_options)
-        notes = (f"parameters not pinned replicated: {str(err).splitlines()[0][:200]}",)
-    return evaluate_stages(setup, [StageChoice(0, graph.num_layers, 0)], pins, notes=notes, **run)
+    # The ILP may refuse some of these pins (e.g. a tied embedding whose update aliases another
+    # layer's); then fewer are pinned (batch split only, then just the mesh) and the plan says so.
+    layout = Pins(num_stages=1).with_submesh(0, whole_cluster(cluster), (cluster.num_devices, 1))
+    attempts = [pins, data_parallel_pins(graph, cluster, replicate_state=False), layout]
+    notes: list[str] = []
+    for attempt in dict.fromkeys(attempts):
+        try:
+            setup = prepare(graph, cluster=cluster, pins=attempt, stage_cost=fn, meshes=only, **setup_options)
+        except InfeasiblePinsError as err:
+            if attempt is layout:
+                raise
+            notes.append(f"data-parallel sharding pins refused: {str(err).splitlines()[0][:160]}")
+            continue
+        return evaluate_stages(setup, [StageChoice(0, graph.num_layers, 0)], attempt, notes=tuple(notes), **run)
+    raise AssertionError("unreachable: the last attempt raises or returns")
 
 
 def _submesh_of(devices: int, cluster: Cluster) -> tuple[int, int] | None:
