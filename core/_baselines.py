@@ -67,6 +67,8 @@ _SETUP_OPTIONS = ("cost_model", "memory_limit", "cache", "progress", "num_layers
 def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     setup = {k: v for k, v in options.items() if k in _SETUP_OPTIONS}
     run = {k: v for k, v in options.items() if k in ("num_microbatches", "schedule")}
+    if "num_microbatches" in run:
+        setup["num_microbatches"] = run["num_microbatches"]
     unknown = set(options) - set(setup) - set(run)
     if unknown:
         raise TypeError(f"unknown baseline option(s) {sorted(unknown)}")

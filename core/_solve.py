@@ -12,7 +12,7 @@ import math
 import time
 from typing import Any, Callable, Sequence
 
-from alpaviz.core._analytic_cost import StageCostFn, default_stage_cost, ilp_available
+from alpaviz.core._analytic_cost import StageCostFn, analytic_stage_cost, default_stage_cost, ilp_available
 from alpaviz.core._cluster import Cluster
 from alpaviz.core._cost_model import CostModel
 from alpaviz.core._graph import OpGraph
@@ -89,7 +89,7 @@ def solve(
     setup = prepare(
         fn_or_graph, *args, cluster=cluster, cost_model=cost_model, pins=pins, memory_limit=memory_limit,
         cache=cache, progress=progress, num_layers=num_layers, stage_cost=stage_cost, profile=profile,
-        submeshes=submeshes, workers=workers,
+        submeshes=submeshes, workers=workers, num_microbatches=num_microbatches,
     )
     profiled_at = time.perf_counter()
     constraints = constraints_from_pins(pins, setup.meshes, setup.graph.num_layers, cluster)
@@ -196,6 +196,7 @@ def prepare(
     submeshes: Sequence[tuple[int, int]] | None = None,
     workers: int = 1,
     meshes: Sequence[MeshChoice] | None = None,
+    num_microbatches: int = 1,
 ) -> SolveSetup:
     """Trace and layer the graph, check the pins, and build the stage cost table.
 
@@ -228,7 +229,8 @@ def prepare(
         profiles = profile_layers(
             graph, cluster, cost_model, pins, meshes, fn, cache,
             on_profile=(lambda done, total: _tick(bar, done, total)) if bar is not None else None,
-            workers=workers,
+            workers=workers, variants=_data_parallel_variant(graph, cluster, meshes, fn),
+            num_microbatches=num_microbatches,
         )
     finally:
         if bar is not None:
@@ -239,6 +241,20 @@ def prepare(
         raise ValueError(f"memory_limit must be positive bytes per device, got {memory_limit}")
     table = stage_cost_table(profiles, cluster, cost_model)
     return SolveSetup(graph, cluster, cost_model, meshes, profiles, table, limit, name)
+
+
+def _data_parallel_variant(graph: OpGraph, cluster: Cluster, meshes: Sequence[MeshChoice], fn: StageCostFn):
+    """Pure data parallelism as an extra candidate on the whole-cluster (N, 1) mesh, for the ILP.
+
+    So the planner can never lose to the data-parallel baseline, whose
+    sharding is pinned (the analytic cost is that sharding already).
+    """
+    from alpaviz.core._baselines import data_parallel_pins, whole_cluster
+
+    whole = MeshChoice(whole_cluster(cluster), (cluster.num_devices, 1))
+    if fn is analytic_stage_cost or whole not in meshes or cluster.num_devices == 1:
+        return ()
+    return ((whole, data_parallel_pins(graph, cluster).only_intra_op()),)
 
 
 def _stages_of(plan: Plan | None, setup: SolveSetup) -> tuple[StageChoice, ...]:

@@ -208,25 +208,41 @@ def profile_layers(
     cache: StageProfileCache,
     on_profile: ProgressFn | None = None,
     workers: int = 1,
+    variants: Sequence[tuple[MeshChoice, Pins]] = (),
+    num_microbatches: int = 1,
 ) -> ProfileTable:
     """Profile each distinct (layer structure, intra-op pins) on each mesh, reusing `cache`.
 
     `workers` > 1 runs the cost function in that many spawned processes
     (worth it when there are dozens of ILPs to solve, e.g. GPT-39B).
+    `variants` are extra sharding pins tried on one mesh (the user's pins
+    win where both pin a tensor); a layer keeps whichever profile has the
+    lower `num_microbatches * (forward + backward) + update`.  The ILP
+    weighs a step's update like one microbatch, so e.g. pure data
+    parallelism pinned can beat its free choice at many microbatches.
     """
     views = layer_views(graph)
     fn_key = getattr(cost_fn, "cache_key", cost_fn)
     jobs: dict[tuple, tuple[LayerView, Pins, MeshChoice]] = {}
-    keys: list[list[tuple]] = []
+    keys: list[list[list[tuple]]] = []
+    extra = {choice: list(p for c, p in variants if c == choice) for choice, _ in variants}
     for view in views:
         pin_key, layer_pins = _layer_pins(pins, view)
         row = []
         for choice in meshes:
             mesh = cluster.logical_mesh(choice.submesh, choice.logical_shape)
-            key = (view.signature, pin_key, choice.logical_shape, mesh.axis_links, cluster.device, cost_model, fn_key)
-            row.append(key)
-            if key not in jobs and cache.get(key) is None:
-                jobs[key] = (view, layer_pins, choice)
+            options = [(pin_key, layer_pins)]
+            for variant in extra.get(choice, ()):
+                merged = _merge_pins(pins, variant)
+                options.append(_layer_pins(merged, view))
+            cell = []
+            for option_key, option_pins in dict(options).items():
+                key = (view.signature, option_key, choice.logical_shape, mesh.axis_links, cluster.device,
+                       cost_model, fn_key)
+                cell.append(key)
+                if key not in jobs and cache.get(key) is None:
+                    jobs[key] = (view, option_pins, choice)
+            row.append(cell)
         keys.append(row)
     items = [(view.nodes, layer_pins, choice) for view, layer_pins, choice in jobs.values()]
     if workers > 1 and len(items) >= 4 * workers:
@@ -243,9 +259,21 @@ def profile_layers(
             cache.put(key, LayerProfile.infeasible(plan_or_error))
         else:
             cache.put(key, LayerProfile.from_sharding(plan_or_error, view))
-    profiles = tuple(tuple(cache[k] for k in row) for row in keys)
+    def best(cell: list[tuple]) -> LayerProfile:
+        found = [cache[k] for k in cell]
+        usable = [p for p in found if p.feasible] or found[:1]
+        return min(usable, key=lambda p: num_microbatches * p.time_s + p.update_s)
+
+    profiles = tuple(tuple(best(cell) for cell in row) for row in keys)
     forward, backward = cut_bytes(graph)
     return ProfileTable(views, tuple(meshes), profiles, forward, backward, len(jobs))
+
+
+def _merge_pins(pins: Pins, variant: Pins) -> Pins:
+    """The user's intra-op pins plus a variant's on tensors and operators the user left free."""
+    specs = dict(variant.partition_specs) | dict(pins.partition_specs)
+    strategies = dict(variant.strategies) | dict(pins.strategies)
+    return Pins(strategies=tuple(strategies.items()), partition_specs=tuple(specs.items()))
 
 
 def _profile_one(graph, cluster, cost_model, cost_fn, nodes, layer_pins, choice) -> ShardingPlan | str:

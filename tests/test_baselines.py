@@ -95,3 +95,19 @@ def test_grid_plans_equal_the_dp_under_the_same_pins(gpt):
         pinned = av.solve(gpt, pins=pins, **options)
         assert pinned.predicted.step_time_s == pytest.approx(direct[label].predicted.step_time_s, rel=1e-12)
         assert pinned.stages == direct[label].stages
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not av.core._analytic_cost.ilp_available(), reason="the intra-op ILP is not installed")
+@pytest.mark.parametrize("model", ["gpt", "wresnet"])
+def test_planner_never_loses_to_data_parallel_under_the_ilp(model):
+    if model == "gpt":
+        step, params, batch = av.models.gpt(num_layers=2, hidden=64, vocab=128, batch_size=8, abstract=True)
+    else:
+        step, params, batch = av.models.wresnet(batch_size=8, abstract=True)
+    graph = av.trace(step, params, batch)
+    cache = StageProfileCache()
+    options = dict(cluster=av.Cluster.a100_node(1, 2), num_microbatches=64, cache=cache, progress=False)
+    plan = av.solve(graph, **options)
+    dp = av.baselines.data_parallel(graph, **options)
+    assert plan.predicted.step_time_s <= dp.predicted.step_time_s * (1 + 1e-9)

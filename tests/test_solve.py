@@ -272,7 +272,8 @@ def test_an_intra_op_pin_reaches_its_stage_and_reprofiles_only_its_layer(gpt4):
     assert others, "a dot on a 2-device mesh has more than one strategy"
     pinned = solve(gpt4, cluster=cluster, cache=cache, pins=pins.with_strategy(node.name, others[0]), progress=False)
     assert pinned.strategies[node.name] == others[0]
-    assert len(cache) - size <= len(mesh_choices(cluster)), "only the pinned layer is profiled again"
+    # Only the pinned layer is profiled again: on every mesh, plus the data-parallel candidate.
+    assert len(cache) - size <= len(mesh_choices(cluster)) + 1
     untouched = [n.name for n in gpt4.nodes if n.layer == 3 and n.name in plan.strategies]
     assert all(pinned.strategies[n] == plan.strategies[n] for n in untouched)
     assert pinned.predicted.step_time_s >= plan.predicted.step_time_s * (1 - 1e-9)
