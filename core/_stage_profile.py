@@ -219,7 +219,8 @@ def profile_layers(
     win where both pin a tensor); a layer keeps whichever profile has the
     lower `num_microbatches * (forward + backward) + update`.  The ILP
     weighs a step's update like one microbatch, so e.g. pure data
-    parallelism pinned can beat its free choice at many microbatches.
+    parallelism pinned can beat its free choice at many microbatches
+    (memory is not compared: the cheaper profile is kept even if it needs more).
     """
     views = layer_views(graph)
     fn_key = getattr(cost_fn, "cache_key", cost_fn)
