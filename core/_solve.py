@@ -85,6 +85,10 @@ def solve(
         >>> print(plan.summary())
     """
     started = time.perf_counter()
+    if schedule not in ("1f1b", "gpipe"):
+        raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
+    if not isinstance(num_microbatches, int) or num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
     pins = Pins() if pins is None else pins
     setup = prepare(
         fn_or_graph, *args, cluster=cluster, cost_model=cost_model, pins=pins, memory_limit=memory_limit,

@@ -330,3 +330,14 @@ def test_stage_submeshes_are_packed_without_overlap_inside_hosts(submeshes):
         else:
             assert first % per_host == 0
     assert sorted(used) == list(range(cluster.num_devices))
+
+
+@pytest.mark.parametrize(
+    "options,message",
+    [(dict(num_microbatches=0), "num_microbatches"), (dict(schedule="zigzag"), "schedule"),
+     (dict(memory_limit=-1.0), "memory_limit")],
+    ids=["microbatches", "schedule", "memory"],
+)
+def test_bad_solve_options_are_rejected(gpt4, options, message):
+    with pytest.raises(ValueError, match=message):
+        solve(gpt4, cluster=av.Cluster.a100_node(1, 2), progress=False, stage_cost=analytic_stage_cost, **options)
