@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Literal, NamedTuple
 
 import jax
@@ -85,6 +86,25 @@ def build(
     if abstract:
         return ModelSpec(step, jax.eval_shape(make_state, key_params), jax.eval_shape(make_batch, key_batch))
     return ModelSpec(step, make_state(key_params), make_batch(key_batch))
+
+
+def resolve_config(config: Any, presets: dict[str, Any], default: Any, family: str, overrides: dict[str, Any]) -> Any:
+    """A preset name, a config or None (the default), with keyword overrides applied."""
+    if isinstance(config, str):
+        if config not in presets:
+            raise ValueError(f"unknown {family} size {config!r}; choose one of {sorted(presets)}")
+        config = presets[config]
+    return dataclasses.replace(config or default, **overrides)
+
+
+def token_batch(batch_size: int, seq_len: int, vocab: int) -> Callable[[jax.Array], dict[str, jax.Array]]:
+    """Random token ids and their next-token labels, for language models."""
+
+    def make_batch(key: jax.Array) -> dict[str, jax.Array]:
+        tokens = jax.random.randint(key, (batch_size, seq_len), 0, vocab, jnp.int32)
+        return {"tokens": tokens, "labels": jnp.roll(tokens, -1, axis=1)}
+
+    return make_batch
 
 
 def dense_init(key: jax.Array, shape: tuple[int, ...], dtype: Any, scale: float | None = None) -> jax.Array:

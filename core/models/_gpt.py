@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from alpaviz.core._markers import mark_layer
 from alpaviz.core.models._common import (
-    ModelSpec, Optimizer, build, cross_entropy, dense_init, layer_norm,
+    ModelSpec, Optimizer, build, cross_entropy, dense_init, layer_norm, resolve_config, token_batch,
 )
 
 
@@ -121,15 +121,8 @@ def gpt(
         >>> train_step, params, batch = av.models.gpt(num_layers=2, hidden=64)
         >>> step, params, batch = av.models.gpt("1.3B", batch_size=1024, abstract=True)
     """
-    if isinstance(config, str):
-        if config not in GPT_CONFIGS:
-            raise ValueError(f"unknown GPT size {config!r}; choose one of {sorted(GPT_CONFIGS)}")
-        config = GPT_CONFIGS[config]
-    cfg = dataclasses.replace(config or GPTConfig(), **overrides)
-
-    def make_batch(key):
-        tokens = jax.random.randint(key, (batch_size, cfg.seq_len), 0, cfg.vocab, jnp.int32)
-        return {"tokens": tokens, "labels": jnp.roll(tokens, -1, axis=1)}
+    cfg = resolve_config(config, GPT_CONFIGS, GPTConfig(), "GPT", overrides)
+    make_batch = token_batch(batch_size, cfg.seq_len, cfg.vocab)
 
     name = f"gpt_l{cfg.num_layers}_h{cfg.hidden}"
     return build(

@@ -9,7 +9,9 @@ import jax
 import jax.numpy as jnp
 
 from alpaviz.core._markers import mark_layer
-from alpaviz.core.models._common import ModelSpec, Optimizer, build, cross_entropy, dense_init, layer_norm
+from alpaviz.core.models._common import (
+    ModelSpec, Optimizer, build, cross_entropy, dense_init, layer_norm, resolve_config, token_batch,
+)
 from alpaviz.core.models._gpt import attention
 
 
@@ -129,15 +131,8 @@ def moe(
     Example:
         >>> train_step, params, batch = av.models.moe(num_experts=4)
     """
-    if isinstance(config, str):
-        if config not in MOE_CONFIGS:
-            raise ValueError(f"unknown MoE size {config!r}; choose one of {sorted(MOE_CONFIGS)}")
-        config = MOE_CONFIGS[config]
-    cfg = dataclasses.replace(config or MoEConfig(), **overrides)
-
-    def make_batch(key):
-        tokens = jax.random.randint(key, (batch_size, cfg.seq_len), 0, cfg.vocab, jnp.int32)
-        return {"tokens": tokens, "labels": jnp.roll(tokens, -1, axis=1)}
+    cfg = resolve_config(config, MOE_CONFIGS, MoEConfig(), "MoE", overrides)
+    make_batch = token_batch(batch_size, cfg.seq_len, cfg.vocab)
 
     name = f"moe_l{cfg.num_layers}_h{cfg.hidden}_e{cfg.num_experts}"
     return build(

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from alpaviz.core._markers import mark_layer
-from alpaviz.core.models._common import ModelSpec, Optimizer, build, dense_init
+from alpaviz.core.models._common import ModelSpec, Optimizer, build, dense_init, resolve_config
 
 _DEPTH_BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3), 10: (1, 1, 1, 1)}
 
@@ -111,11 +111,7 @@ def wresnet(
     **overrides: Any,
 ) -> ModelSpec:
     """A Wide-ResNet training step with params and a batch of NHWC images."""
-    if isinstance(config, str):
-        if config not in WRESNET_CONFIGS:
-            raise ValueError(f"unknown Wide-ResNet size {config!r}; choose one of {sorted(WRESNET_CONFIGS)}")
-        config = WRESNET_CONFIGS[config]
-    cfg = dataclasses.replace(config or WResNetConfig(), **overrides)
+    cfg = resolve_config(config, WRESNET_CONFIGS, WResNetConfig(), "Wide-ResNet", overrides)
 
     def make_batch(key):
         k1, k2 = jax.random.split(key)
