@@ -2,11 +2,15 @@
 
 Example:
     >>> import alpaviz as av
-    >>> train_step, params, batch = av.models.gpt()
-    >>> graph = av.trace(train_step, params, batch)
+    >>> train_step, params, microbatch = av.models.gpt()
+    >>> plan = av.solve(train_step, params, microbatch, cluster=av.Cluster.local(), num_microbatches=4)
+    >>> step = av.parallelize(train_step, plan)
 """
 
+from alpaviz import baselines as baselines
 from alpaviz import models as models
+
+# the data model
 from alpaviz.core import Cluster as Cluster
 from alpaviz.core import CostModel as CostModel
 from alpaviz.core import DeviceSpec as DeviceSpec
@@ -18,17 +22,23 @@ from alpaviz.core import Plan as Plan
 from alpaviz.core import PlanFormatError as PlanFormatError
 from alpaviz.core import make_spec as make_spec
 from alpaviz.core import mark_layer as mark_layer
-from alpaviz.core import manual_plan as manual_plan
-from alpaviz.core import parallelize as parallelize
-from alpaviz.core import predicted_timeline as predicted_timeline
-from alpaviz.core import trace as trace
-from alpaviz import baselines as baselines
+
+# compiling: trace, the intra-operator ILP, the inter-operator planner
 from alpaviz.core import InfeasiblePinsError as InfeasiblePinsError
 from alpaviz.core import ModelTooLargeError as ModelTooLargeError
+from alpaviz.core import ShardingInfeasibleError as ShardingInfeasibleError
 from alpaviz.core import StageProfileCache as StageProfileCache
 from alpaviz.core import cluster_layers as cluster_layers
 from alpaviz.core import resolve as resolve
+from alpaviz.core import shard_step as shard_step
 from alpaviz.core import solve as solve
+from alpaviz.core import solve_sharding_auto as solve_sharding
+from alpaviz.core import trace as trace
+
+# running
+from alpaviz.core import manual_plan as manual_plan
+from alpaviz.core import parallelize as parallelize
+from alpaviz.core import predicted_timeline as predicted_timeline
 
 __version__ = "0.1.0"
 
@@ -41,18 +51,8 @@ def editor(*args, **kwargs):
 
 
 __all__ = [
-    "models", "Cluster", "CostModel", "DeviceSpec", "Link", "LogicalMesh", "OpGraph", "Pins",
-    "Plan", "PlanFormatError", "editor", "make_spec", "mark_layer", "trace",
+    "baselines", "Cluster", "cluster_layers", "CostModel", "DeviceSpec", "editor", "InfeasiblePinsError",
+    "Link", "LogicalMesh", "make_spec", "manual_plan", "mark_layer", "models", "ModelTooLargeError",
+    "OpGraph", "parallelize", "Pins", "Plan", "PlanFormatError", "predicted_timeline", "resolve",
+    "shard_step", "ShardingInfeasibleError", "solve", "solve_sharding", "StageProfileCache", "trace",
 ]
-__all__ += [
-    "baselines", "InfeasiblePinsError", "ModelTooLargeError", "StageProfileCache", "cluster_layers",
-    "resolve", "solve",
-]
-__all__ += ["manual_plan", "predicted_timeline", "parallelize"]  # the runtime
-
-# the intra-operator pass: av.solve_sharding(step, params, batch, mesh_shape=(r, c)), av.shard_step(...)
-from alpaviz.core import ShardingInfeasibleError as ShardingInfeasibleError
-from alpaviz.core import shard_step as shard_step
-from alpaviz.core import solve_sharding_auto as solve_sharding
-
-__all__ += ["ShardingInfeasibleError", "shard_step", "solve_sharding"]
