@@ -278,7 +278,9 @@ class _Problem:
         """Least sum of stage costs with every stage under `t_max` (inf when none)."""
         c = self.constraints
         if c.stage_meshes and c.num_stages is None:
-            totals = [only_n] if only_n is not None else list(range(1, self.max_stages + 1))
+            # A mesh pinned on stage k only holds in plans of more than k stages.
+            fewest = max(stage for stage, _ in c.stage_meshes) + 1
+            totals = [only_n] if only_n is not None else list(range(fewest, self.max_stages + 1))
             best = _RunResult(math.inf, None)
             for n_total in totals:
                 result = self._run_fixed(t_max, n_total, track)

@@ -37,9 +37,6 @@ def format_bytes(nbytes: float) -> str:
     return f"{nbytes:.0f} B"
 
 
-
-
-
 def check_pins(pins: Pins, graph: OpGraph, cluster: Cluster) -> None:
     """Raise InfeasiblePinsError for a pin that names a layer, stage, mesh or operator that cannot exist."""
     problems = []

@@ -47,6 +47,8 @@ def _brute_force(table, num_devices, B, schedule, limit, constraints=StageConstr
             n = r + 1
             if constraints.num_stages is not None and n != constraints.num_stages:
                 continue
+            if allowed and n <= max(allowed):  # a pinned stage must exist
+                continue
             bounds = (0, *cuts, L)
             for meshes in itertools.product(range(len(table.meshes)), repeat=n):
                 if sum(table.meshes[m].num_devices for m in meshes) != num_devices:
@@ -165,3 +167,17 @@ def test_prefer_keeps_previous_stages_among_ties():
         wanted = (StageChoice(0, cut, single2), StageChoice(cut, L, single2))
         got = solve_stages(table2, 2, 2, prefer=wanted)
         assert got.stages == wanted
+
+
+def test_a_mesh_pinned_on_a_later_stage_forces_enough_stages():
+    """Pinning stage 2's submesh must yield a plan with a stage 2 on it, never a plan that drops the pin."""
+    import alpaviz as av
+    from alpaviz.core import analytic_stage_cost
+
+    step, params, microbatch = av.models.gpt(num_layers=4, hidden=64, abstract=True)
+    graph = av.trace(step, params, microbatch)
+    pins = av.Pins().with_submesh(2, (1, 2))
+    plan = av.solve(graph, cluster=av.Cluster.a100_node(1), num_microbatches=4, pins=pins,
+                    stage_cost=analytic_stage_cost, progress=False)
+    assert plan.num_stages >= 3
+    assert plan.stages[2].submesh == (1, 2)
