@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Literal
 
 from alpaviz.core import Cluster, Link, OpGraph, Pins, Plan
-from alpaviz.core._timeline import Timeline
+from alpaviz.core import Timeline
 from alpaviz.widgets import _edits
 
 Solver = Callable[..., Plan]

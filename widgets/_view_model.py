@@ -11,9 +11,7 @@ import dataclasses
 import math
 from typing import Iterable, Literal, Sequence
 
-from alpaviz.core import OpGraph, Pins, Plan, spec_name
-from alpaviz.core._spec import Spec, shard_shape
-from alpaviz.core._timeline import Timeline
+from alpaviz.core import OpGraph, Pins, Plan, Spec, Timeline, shard_shape, spec_name
 
 CutPin = Literal["cut", "no_cut"] | None
 GraphLevel = Literal["layer", "op"]
