@@ -165,8 +165,8 @@ def analytic_stage_cost(
     times = {"forward": 0.0, "backward": 0.0, "update": 0.0}
     for op in fig.nodes:
         share = tp if op.role == "update" else n
-        times[op.role] += cost_model.compute_time(
-            op.flops / share, (op.bytes_read + op.bytes_written) / share, cluster.device
+        times[op.role] += cost_model.op_time(
+            op.primitive, op.flops / share, (op.bytes_read + op.bytes_written) / share, cluster.device
         )
     compute = sum(times.values())
     tp_comm = cost_model.all_reduce(fig.tp_forward_bytes / dp, mesh, 1) if fig.tp_forward_bytes else 0.0

@@ -10,6 +10,9 @@ import dataclasses
 from typing import Protocol
 
 from alpaviz.core._cluster import DeviceSpec, Link, LogicalMesh
+from alpaviz.core._flops import DATA_MOVEMENT, ELEMENTWISE
+
+FUSIBLE = ELEMENTWISE | DATA_MOVEMENT
 
 Axes = int | tuple[int, ...]
 
@@ -18,6 +21,7 @@ class CostModelProtocol(Protocol):
     """What the solvers need from a cost model."""
 
     def compute_time(self, flops: float, nbytes: float, device: DeviceSpec) -> float: ...
+    def op_time(self, primitive: str, flops: float, nbytes: float, device: DeviceSpec) -> float: ...
     def all_reduce(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float: ...
     def all_gather(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float: ...
     def reduce_scatter(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float: ...
@@ -40,18 +44,29 @@ class CostModel:
     compute_efficiency: float = 0.5
     memory_efficiency: float = 0.8
     all_to_all_penalty: float = 1.0
+    # XLA fuses elementwise and data-movement ops into their neighbours, so most of
+    # their operands never reach memory: only this share of their traffic is charged.
+    fused_traffic_share: float = 0.1
 
     def __post_init__(self) -> None:
         for field in ("compute_efficiency", "memory_efficiency"):
             value = getattr(self, field)
             if not 0 < value <= 1:
                 raise ValueError(f"CostModel.{field} must be in (0, 1], got {value!r}")
+        if not 0 <= self.fused_traffic_share <= 1:
+            raise ValueError(f"CostModel.fused_traffic_share must be in [0, 1], got {self.fused_traffic_share!r}")
 
     def compute_time(self, flops: float, nbytes: float, device: DeviceSpec) -> float:
         """Roofline: the slower of arithmetic and memory traffic."""
         arithmetic = flops / (device.peak_flops * self.compute_efficiency)
         traffic = nbytes / (device.memory_bandwidth * self.memory_efficiency)
         return max(arithmetic, traffic)
+
+    def op_time(self, primitive: str, flops: float, nbytes: float, device: DeviceSpec) -> float:
+        """Roofline time of one operator, with fusible operators charged `fused_traffic_share` of their bytes."""
+        if primitive in FUSIBLE:
+            nbytes *= self.fused_traffic_share
+        return self.compute_time(flops, nbytes, device)
 
     def _collective(self, nbytes: float, mesh: LogicalMesh, axes: Axes, factor) -> float:
         n = mesh.axis_size(axes)

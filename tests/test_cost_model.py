@@ -70,3 +70,14 @@ def test_presets():
     assert av.Cluster.h100_node().device.memory_bytes == 80e9
     local = av.Cluster.local()
     assert local.num_devices == 8
+
+
+def test_fusible_operators_are_charged_a_share_of_their_traffic(cluster):
+    cm = av.CostModel(compute_efficiency=1.0, memory_efficiency=1.0, fused_traffic_share=0.1)
+    dev = cluster.device
+    # A matmul pays its full traffic; an elementwise add only the fused share of it.
+    assert cm.op_time("dot_general", 0.0, 1e9, dev) == pytest.approx(1e9 / 1e12)
+    assert cm.op_time("add", 0.0, 1e9, dev) == pytest.approx(0.1 * 1e9 / 1e12)
+    assert cm.op_time("add", 1e12, 1e9, dev) == pytest.approx(1e12 / 100e12)
+    with pytest.raises(ValueError, match="fused_traffic_share"):
+        av.CostModel(fused_traffic_share=2.0)
