@@ -10,6 +10,9 @@ non-negative cost and much smaller than one variable per option pair.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
+import sys
 import time
 import warnings
 from typing import Hashable, Mapping, Sequence
@@ -221,9 +224,33 @@ def _vars(expr) -> list:
     return list(expr.keys())
 
 
+@functools.lru_cache(maxsize=None)
+def _quiet_highs_banner() -> None:
+    """Let HiGHS print its once-per-process copyright banner into /dev/null.
+
+    `msg=False` cannot stop it: the banner comes from the C++ constructor,
+    before any option is set, straight to file descriptor 1.
+    """
+    try:
+        import highspy
+    except ImportError:
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _run(model, time_limit_s: float) -> str:
     """Solve with HiGHS when available (faster on one-hot programs), else CBC."""
     import pulp
+
+    _quiet_highs_banner()
 
     # These programs are near-integral at the LP root: HiGHS's presolve and its opening feasibility-jump
     # heuristic cost more than they save (measured ~2x on GPT/MoE/WResNet layers, same optima).
