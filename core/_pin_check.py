@@ -15,6 +15,7 @@ from alpaviz.core._cluster import Cluster
 from alpaviz.core._graph import OpGraph
 from alpaviz.core._inter_op import MeshChoice, ScheduleKind, StageConstraints, is_feasible
 from alpaviz.core._pins import Pins
+from alpaviz.core._plan import format_bytes
 from alpaviz.core._stage_profile import ProfileTable
 
 if TYPE_CHECKING:
@@ -27,14 +28,6 @@ class InfeasiblePinsError(ValueError):
 
 class ModelTooLargeError(ValueError):
     """The model does not fit the cluster's device memory under any plan."""
-
-
-def format_bytes(nbytes: float) -> str:
-    """Bytes in the largest binary unit that keeps a leading digit: '1.50 GiB', '640.00 KiB'."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(nbytes) >= scale:
-            return f"{nbytes / scale:.2f} {unit}"
-    return f"{nbytes:.0f} B"
 
 
 def check_pins(pins: Pins, graph: OpGraph, cluster: Cluster) -> None:

@@ -205,10 +205,10 @@ class Plan:
             f"  predicted step {p.step_time_s * 1e3:.3f} ms  (compute {p.compute_s * 1e3:.3f}, comm "
             f"{p.communication_s * 1e3:.3f}, reshard {p.resharding_s * 1e3:.3f}, cross-stage "
             f"{p.cross_stage_s * 1e3:.3f}, bubble {p.bubble_s * 1e3:.3f} ms)",
-            f"  max memory/device {p.max_memory_bytes / 2**30:.2f} GiB of {p.memory_limit_bytes / 2**30:.2f} GiB;"
+            f"  max memory/device {format_bytes(p.max_memory_bytes)} of {format_bytes(p.memory_limit_bytes)};"
             f" solver {self.solver.status} in {self.solver.seconds:.2f} s",
             f"  {'stage':>5} {'layers':>9} {'submesh':>8} {'logical':>8} {'fwd ms':>9} {'bwd ms':>9} "
-            f"{'mem GiB':>8}  shardings",
+            f"{'memory':>10}  shardings",
         ]
         for s in self.stages:
             names = sorted({spec_name(spec) for _, spec in s.partition_specs})
@@ -216,7 +216,7 @@ class Plan:
                 f"  {s.index:>5} {f'{s.layer_start}-{s.layer_stop - 1}':>9} "
                 f"{f'{s.submesh[0]}x{s.submesh[1]}':>8} {f'{s.logical_mesh[0]}x{s.logical_mesh[1]}':>8} "
                 f"{s.cost.forward_s * 1e3:>9.3f} {s.cost.backward_s * 1e3:>9.3f} "
-                f"{s.cost.memory_bytes / 2**30:>8.2f}  {', '.join(names[:4])}"
+                f"{format_bytes(s.cost.memory_bytes):>10}  {', '.join(names[:4])}"
             )
         for line in self.pins.describe():
             lines.append(f"  pinned: {line}")
@@ -247,6 +247,14 @@ class Plan:
                 f"plan.schema_version: this alpaviz reads version {SCHEMA_VERSION}, got {version!r}"
             )
         return from_jsonable(cls, data, "plan")
+
+
+def format_bytes(nbytes: float) -> str:
+    """Bytes in the largest binary unit that keeps a leading digit: '1.50 GiB', '640.00 KiB'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes:.0f} B"
 
 
 def graph_fingerprint(graph: OpGraph) -> str:

@@ -23,11 +23,10 @@ from alpaviz.core._inter_op import (
 from alpaviz.core._layer_clustering import cluster_layers
 from alpaviz.core._pin_check import (
     InfeasiblePinsError, ModelTooLargeError, check_intra_op_pins, check_pins, constraints_from_pins, diagnose,
-    format_bytes,
 )
 from alpaviz.core._pins import Pins
 from alpaviz.core._plan import (
-    Layer, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, graph_fingerprint,
+    Layer, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, format_bytes, graph_fingerprint,
 )
 from alpaviz.core._stage_profile import (
     ProfileTable, StageProfileCache, boundary_link, mesh_choices, profile_layers, stage_cost_table,
