@@ -67,7 +67,6 @@ def _local_launch(progress: bool, steps: int = 3):
 def run_demo(devices: int = 8, report_path: str = "demo_report.html", progress: bool = True) -> int:
     import jax
 
-    import alpaviz as av
     from alpaviz.widgets._report import ReportSection, write_report
 
     print(f"JAX {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} devices")

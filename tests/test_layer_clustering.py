@@ -3,8 +3,6 @@
 import itertools
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -13,20 +11,7 @@ from alpaviz.core._layer_clustering import cluster_layers, merge_layers, partiti
 
 
 def _mlp_step(widths=(16, 32, 32, 32, 32, 32, 16), marks=False):
-    def loss(params, batch):
-        x = batch["x"]
-        for i, w in enumerate(params):
-            x = jnp.tanh(x @ w)
-            if marks and i < len(params) - 1:
-                x = av.mark_layer(x)
-        return jnp.mean(x**2)
-
-    def step(params, batch):
-        value, grads = jax.value_and_grad(loss)(params, batch)
-        return [p - 0.1 * g for p, g in zip(params, grads)], value
-
-    params = [jax.ShapeDtypeStruct((a, b), jnp.float32) for a, b in zip(widths[:-1], widths[1:])]
-    return step, params, {"x": jax.ShapeDtypeStruct((8, widths[0]), jnp.float32)}
+    return av.models.mlp(widths, batch_size=8, marks=marks, abstract=True)
 
 
 def _brute_partition(flops, cut_cost, parts, eps):

@@ -15,21 +15,7 @@ from alpaviz.core._stage_profile import StageProfileCache, mesh_choices
 
 def _marked_mlp(widths, batch=16, marks=True):
     """A stack of dense layers with a marker after each one but the last."""
-
-    def loss(params, data):
-        x = data["x"]
-        for i, w in enumerate(params):
-            x = jnp.tanh(x @ w)
-            if marks and i < len(params) - 1:
-                x = av.mark_layer(x)
-        return jnp.mean(x**2)
-
-    def step(params, data):
-        value, grads = jax.value_and_grad(loss)(params, data)
-        return [p - 0.1 * g for p, g in zip(params, grads)], value
-
-    params = [jax.ShapeDtypeStruct((a, b), jnp.float32) for a, b in zip(widths[:-1], widths[1:])]
-    return av.trace(step, params, {"x": jax.ShapeDtypeStruct((batch, widths[0]), jnp.float32)})
+    return av.trace(*av.models.mlp(widths, batch_size=batch, marks=marks, abstract=True))
 
 
 def _blocks(inner, hidden=1024, batch=1024):
