@@ -27,6 +27,7 @@ import numpy as np
 from alpaviz.core._cross_mesh import move_local
 from alpaviz.core._dataflow import Dataflow, TensorEdge, analyze
 from alpaviz.core._graph import OpGraph
+from alpaviz.core._microbatch import microbatch_args
 from alpaviz.core._plan import Plan, graph_fingerprint
 from alpaviz.core._spec import check_spec
 from alpaviz.core._schedule import ONCE, Instruction, Program, build_instructions, fusable_runs, interleave
@@ -68,14 +69,9 @@ def compile_step(
 ) -> CompiledStep:
     """Trace `train_step` at microbatch size and cut it into the plan's tasks and instruction lists."""
     args = tuple(example_args)
-    for i in batch_argnums:
-        if not 0 <= i < len(args):
-            raise ValueError(f"batch_argnums {tuple(batch_argnums)} names argument {i}, but the step takes {len(args)}")
     m = plan.schedule.num_microbatches
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x)), args)
-    micro = list(abstract)
-    for i in batch_argnums:
-        micro[i] = jax.tree.map(lambda x, i=i: _microbatch_struct(x, m, i), abstract[i])
+    micro = microbatch_args(args, batch_argnums, m)
+    abstract = microbatch_args(args, (), 1)
     name = getattr(train_step, "__name__", "step")
     full = graph if graph is not None else trace(train_step, *abstract, name=name)
     mb_graph = full if m == 1 else trace(train_step, *micro, name=name)
@@ -190,16 +186,6 @@ def _fits(graph: OpGraph, name: str, spec, mesh: tuple[int, int]) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _microbatch_struct(x: jax.ShapeDtypeStruct, m: int, argnum: int) -> jax.ShapeDtypeStruct:
-    if not x.shape or x.shape[0] % m:
-        raise ValueError(
-            f"argument {argnum} is a batch argument, but a leaf of shape {x.shape} cannot be split into "
-            f"{m} microbatches along dim 0; use a batch size divisible by {m} or change "
-            f"plan.schedule.num_microbatches"
-        )
-    return jax.ShapeDtypeStruct((x.shape[0] // m, *x.shape[1:]), x.dtype)
 
 
 def _aliases(graph: OpGraph) -> dict[str, str]:

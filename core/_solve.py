@@ -21,6 +21,7 @@ from alpaviz.core._inter_op import (
     pipeline_latency, solve_stages,
 )
 from alpaviz.core._layer_clustering import cluster_layers
+from alpaviz.core._microbatch import microbatch_args
 from alpaviz.core._pin_check import (
     InfeasiblePinsError, ModelTooLargeError, check_intra_op_pins, check_pins, constraints_from_pins, diagnose,
 )
@@ -65,6 +66,7 @@ def solve(
     tolerance: float = 0.0,
     previous: Plan | None = None,
     workers: int = 1,
+    global_batch_argnums: Sequence[int] = (),
 ) -> Plan:
     """Plan a training step for `cluster`: stages, submeshes, shardings and the pipeline schedule.
 
@@ -76,7 +78,9 @@ def solve(
     measures each candidate on the local devices instead.  With `previous`
     (a plan of the same graph) ties are broken towards its stages, so a new
     pin moves only what it must.  `workers` > 1 profiles in that many
-    processes.
+    processes.  The traced batch is one microbatch; with
+    `global_batch_argnums=(1,)` the given batch argument is the global batch
+    instead, and its dim 0 is divided by `num_microbatches` before tracing.
 
     Example:
         >>> cache = av.StageProfileCache()
@@ -89,6 +93,13 @@ def solve(
     if not isinstance(num_microbatches, int) or num_microbatches < 1:
         raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
     pins = Pins() if pins is None else pins
+    if global_batch_argnums:
+        if isinstance(fn_or_graph, OpGraph):
+            raise ValueError(
+                "global_batch_argnums needs the step function and its arguments, not an OpGraph: "
+                "pass solve(train_step, params, batch, ...) or trace the step at microbatch size yourself"
+            )
+        args = microbatch_args(args, global_batch_argnums, num_microbatches)
     setup = prepare(
         fn_or_graph, *args, cluster=cluster, cost_model=cost_model, pins=pins, memory_limit=memory_limit,
         cache=cache, progress=progress, num_layers=num_layers, stage_cost=stage_cost, profile=profile,

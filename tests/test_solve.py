@@ -327,3 +327,16 @@ def test_stage_submeshes_are_packed_without_overlap_inside_hosts(submeshes):
 def test_bad_solve_options_are_rejected(gpt4, options, message):
     with pytest.raises(ValueError, match=message):
         solve(gpt4, cluster=av.Cluster.a100_node(1, 2), progress=False, stage_cost=analytic_stage_cost, **options)
+
+
+def test_global_batch_argnums_plans_the_same_as_tracing_one_microbatch():
+    step, params, batch = av.models.mlp((32, 64, 64, 32), batch_size=32, abstract=True)
+    micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // 4, *x.shape[1:]), x.dtype), batch)
+    options = dict(cluster=av.Cluster.a100_node(1, 4), num_microbatches=4, progress=False,
+                   stage_cost=analytic_stage_cost)
+    from_global = solve(step, params, batch, global_batch_argnums=(1,), **options)
+    from_micro = solve(step, params, micro, **options)
+    assert from_global.graph_fingerprint == from_micro.graph_fingerprint
+    assert from_global.predicted.step_time_s == pytest.approx(from_micro.predicted.step_time_s)
+    with pytest.raises(ValueError, match="cannot be split into 3 microbatches"):
+        solve(step, params, batch, global_batch_argnums=(1,), **{**options, "num_microbatches": 3})
