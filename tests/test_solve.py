@@ -1,7 +1,6 @@
 """av.solve end to end: optimality through pins, balance, pins, memory, cache, errors."""
 
 import itertools
-import time
 
 import jax
 import jax.numpy as jnp
@@ -199,10 +198,9 @@ def test_cache_makes_a_resolve_after_a_pin_fast_and_plans_round_trip(gpt4):
                  stage_cost=analytic_stage_cost)
     size = len(cache)
     assert size == 3 * len(mesh_choices(cluster)), "the identical middle blocks share profiles"
-    started = time.perf_counter()
     again = solve(gpt4, cluster=cluster, cache=cache, num_microbatches=4, progress=False,
                   pins=av.Pins(stage_cuts=(2,)), stage_cost=analytic_stage_cost)
-    assert time.perf_counter() - started < 1.0
+    # No new profile: the re-solve is the DP alone (its seconds are in benchmarks/bench_plan.py).
     assert len(cache) == size and 2 in again.stage_cuts
     assert av.Plan.from_json(plan.to_json()) == plan
     assert plan.graph_fingerprint == av.core.graph_fingerprint(gpt4)
