@@ -69,14 +69,19 @@ def model(request):
     build, tp_specs = MODELS[request.param]
     step, params, batch = build()
     graph = av.trace(step, params, batch)
+    return request.param, step, params, batch, graph, tp_specs(graph), _single_device_steps(step, params, batch)
+
+
+def _single_device_steps(step, params, batch):
+    """(params, loss) after each of STEPS plain single-device steps: what every layout must reproduce."""
     device = jax.devices()[0]
     ref = jax.jit(step, compiler_options=FAST_COMPILE)
-    p = jax.device_put(params, device)
+    p, batch = jax.device_put(params, device), jax.device_put(batch, device)
     reference = []
     for _ in range(STEPS):
-        p, loss = ref(p, jax.device_put(batch, device))
+        p, loss = ref(p, batch)
         reference.append((jax.device_get(p), float(loss)))
-    return request.param, step, params, batch, graph, tp_specs(graph), reference
+    return reference
 
 
 def _assert_matches(parallel_step, params, batch, reference):
@@ -269,13 +274,7 @@ def test_a_stage_that_fails_to_run_names_the_stage_and_mesh():
 def test_untimed_steps_fuse_back_to_back_tasks_and_still_match(layout):
     step, params, batch = mlp()
     graph = av.trace(step, params, batch)
-    device = jax.devices()[0]
-    ref = jax.jit(step, compiler_options=FAST_COMPILE)
-    p = jax.device_put(params, device)
-    reference = []
-    for _ in range(STEPS):
-        p, loss = ref(p, batch)
-        reference.append((jax.device_get(p), float(loss)))
+    reference = _single_device_steps(step, params, batch)
     plan = manual_plan(graph, av.Cluster.local(), partition_specs=_specs(layout, graph, mlp_megatron(graph)),
                        **LAYOUTS[layout])
     parallel = parallelize(step, plan, record_trace=False, compiler_options=FAST_COMPILE)
