@@ -13,12 +13,12 @@ import panel as pn
 
 from alpaviz.widgets import _figures as F
 from alpaviz.widgets import _view_model as vm
-from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, whatif_from_controls
+from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
 SOLVER_CHOICE = "(solver's choice)"
 
 
-class PanelEditor:
+class PanelEditor(WhatIfControls):
     """Panel widgets wired to an `EditorSession`; `.layout` is the servable page."""
 
     def __init__(self, session: EditorSession) -> None:
@@ -100,22 +100,11 @@ class PanelEditor:
             self.session.load(event.new.decode() if isinstance(event.new, bytes) else str(event.new))
 
     def _on_whatif(self, event: Any) -> None:
-        if self._syncing:
-            return
-        try:
-            w = whatif_from_controls(self.session.whatif, event.obj in (self.preset, self.hosts),
-                                     self.microbatches.value, self.schedule.value, self.preset.value,
-                                     self.hosts.value, self.intra_bw.value, self.inter_bw.value)
-        except ValueError as err:
-            self.status.object = _message(False, str(err))
-            return
-        self._syncing = True
-        try:  # a new preset brings its own link figures: show them
-            self.intra_bw.value = w.cluster.intra_host.bandwidth_bytes_per_s / 1e9
-            self.inter_bw.value = w.cluster.inter_host.bandwidth_bytes_per_s / 1e9
-        finally:
-            self._syncing = False
-        self.session.set_whatif(w)
+        if not self._syncing:
+            self._apply_whatif(event.obj in (self.preset, self.hosts))
+
+    def _show_error(self, text: str) -> None:
+        self.status.object = _message(False, text)
 
     # ---- drawing -----------------------------------------------------------------
     def refresh(self) -> None:

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from alpaviz.core import OpGraph, Plan
 from alpaviz.widgets import _figures as F
 from alpaviz.widgets import _view_model as vm
-from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, whatif_from_controls
+from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
 SOLVER_CHOICE = "(solver's choice)"
 
@@ -26,7 +26,7 @@ def _replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
         widget.layout = fig.layout
 
 
-class PlanEditor(W.VBox):
+class PlanEditor(WhatIfControls, W.VBox):
     """Operator graph, stage cuts, sharding, pipeline timeline and cost of a plan, with pins.
 
     Example:
@@ -136,22 +136,11 @@ class PlanEditor(W.VBox):
         self.session.pin_strategy(self.op_select.value, None if value == SOLVER_CHOICE else value)
 
     def _on_whatif(self, change: dict[str, Any]) -> None:
-        if self._syncing:
-            return
-        try:
-            w = whatif_from_controls(self.session.whatif, change["owner"] in (self.preset, self.hosts),
-                                     self.microbatches.value, self.schedule.value, self.preset.value,
-                                     self.hosts.value, self.intra_bw.value, self.inter_bw.value)
-        except ValueError as err:
-            self.status.value = self._message(False, str(err))
-            return
-        self._syncing = True
-        try:  # a new preset brings its own link figures: show them
-            self.intra_bw.value = w.cluster.intra_host.bandwidth_bytes_per_s / 1e9
-            self.inter_bw.value = w.cluster.inter_host.bandwidth_bytes_per_s / 1e9
-        finally:
-            self._syncing = False
-        self.session.set_whatif(w)
+        if not self._syncing:
+            self._apply_whatif(change["owner"] in (self.preset, self.hosts))
+
+    def _show_error(self, text: str) -> None:
+        self.status.value = self._message(False, text)
 
     # ---- drawing -------------------------------------------------------------
     @staticmethod

@@ -97,6 +97,30 @@ def whatif_from_controls(current: WhatIf, cluster_changed: bool, microbatches: i
     return w.with_bandwidths(intra_gb_s, inter_gb_s)
 
 
+class WhatIfControls:
+    """The what-if handler both front ends share (they name their controls alike).
+
+    A host class has `session`, `_syncing`, the controls `microbatches`,
+    `schedule`, `preset`, `hosts`, `intra_bw`, `inter_bw`, and `_show_error`.
+    """
+
+    def _apply_whatif(self, cluster_changed: bool) -> None:
+        try:
+            w = whatif_from_controls(self.session.whatif, cluster_changed, self.microbatches.value,
+                                     self.schedule.value, self.preset.value, self.hosts.value,
+                                     self.intra_bw.value, self.inter_bw.value)
+        except ValueError as err:
+            self._show_error(str(err))
+            return
+        self._syncing = True
+        try:  # a new preset brings its own link figures: show them
+            self.intra_bw.value = w.cluster.intra_host.bandwidth_bytes_per_s / 1e9
+            self.inter_bw.value = w.cluster.inter_host.bandwidth_bytes_per_s / 1e9
+        finally:
+            self._syncing = False
+        self.session.set_whatif(w)
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """What one action did: ok or not, and the sentence the UI shows."""
