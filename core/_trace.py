@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
-import math
 from typing import Any, Callable
 
 import jax
@@ -20,6 +19,7 @@ from jax.extend import core as jex_core
 
 from alpaviz.core._flops import primitive_flops
 from alpaviz.core._graph import OpGraph, OpNode, TensorInfo
+from alpaviz.core._layer_clustering import assign_backward_layers
 from alpaviz.core._markers import LAYER_BOUNDARY
 
 # Call-like primitives whose body is spliced into the graph.
@@ -47,18 +47,23 @@ def trace(fn: Callable[..., Any], *example_args: Any, name: str | None = None) -
     const_names = [builder.add_constant(c) for c in closed.consts]
     outputs = builder.walk(closed.jaxpr, const_names, outer_inputs)
     output_names = tuple(builder.name_output(i, t) for i, t in enumerate(outputs))
-    nodes, num_layers = _assign_roles_and_layers(builder)
-    return OpGraph(
+    nodes, marked = _assign_roles_and_layers(builder)
+    graph = OpGraph(
         name=name or getattr(fn, "__name__", "step"),
         nodes=nodes,
         tensors=tuple(builder.tensors.values()),
         inputs=tuple(outer_inputs),
         outputs=output_names,
-        num_layers=num_layers,
+        num_layers=1,
         in_tree=jax.tree.structure(example_args),
         out_tree=jax.tree.structure(out_shape),
         constants=builder.constants,
     )
+    # Update operators take the layer of the parameter (or gradient) they update.
+    full = assign_backward_layers(graph, marked)
+    # Drop empty layers (e.g. a marker on the very last forward value).
+    compact = {old: new for new, old in enumerate(sorted(set(full.values())))}
+    return graph.with_layers({node: compact[layer] for node, layer in full.items()})
 
 
 def _input_names(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[str]:
@@ -232,8 +237,8 @@ def _role_from_scope(scope: str) -> str | None:
     return None
 
 
-def _assign_roles_and_layers(builder: _GraphBuilder) -> tuple[tuple[OpNode, ...], int]:
-    """Roles from JAX's AD name stack; layers from the layer-boundary markers."""
+def _assign_roles_and_layers(builder: _GraphBuilder) -> tuple[tuple[OpNode, ...], dict[str, int]]:
+    """Roles from JAX's AD name stack; forward and backward layers from the layer-boundary markers."""
     producer_role: dict[str, str] = {}
     roles: list[str] = []
     for raw in builder.raw_nodes:
@@ -261,41 +266,8 @@ def _assign_roles_and_layers(builder: _GraphBuilder) -> tuple[tuple[OpNode, ...]
         else:
             layers.append(None)
     layer_of = {r["name"]: layer for r, layer in zip(builder.raw_nodes, layers) if layer is not None}
-    full = propagate_update_layers(builder.raw_nodes, builder.tensors, layer_of)
-    # Drop empty layers (e.g. a marker on the very last forward value).
-    used = sorted(set(full.values()))
-    compact = {old: new for new, old in enumerate(used)}
     nodes = tuple(
-        OpNode(role=role, layer=compact[full[raw["name"]]], **raw)  # type: ignore[arg-type]
+        OpNode(role=role, layer=layer_of.get(raw["name"], 0), **raw)  # type: ignore[arg-type]
         for raw, role in zip(builder.raw_nodes, roles)
     )
-    return nodes, len(used)
-
-
-def propagate_update_layers(
-    raw_nodes: list[dict[str, Any]], tensors: dict[str, TensorInfo], layer_of: dict[str, int]
-) -> dict[str, int]:
-    """Give each node without a layer the smallest layer among the tensors it reads.
-
-    A graph input's layer is that of its first reader with a layer, so an
-    optimizer update lands in the layer of the parameter it updates.
-    """
-    first_reader_layer: dict[str, int] = {}
-    for raw in raw_nodes:
-        if raw["name"] in layer_of:
-            for t in raw["inputs"]:
-                if tensors[t].producer is None:
-                    first_reader_layer.setdefault(t, layer_of[raw["name"]])
-    result = dict(layer_of)
-    tensor_layer: dict[str, int] = {}
-    for raw in raw_nodes:
-        name = raw["name"]
-        if name not in result:
-            candidates = [
-                tensor_layer.get(t, first_reader_layer.get(t, math.inf)) for t in raw["inputs"]
-            ]
-            finite = [c for c in candidates if c != math.inf]
-            result[name] = int(min(finite)) if finite else 0
-        for t in raw["outputs"]:
-            tensor_layer[t] = result[name]
-    return result
+    return nodes, layer_of
