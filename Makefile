@@ -23,7 +23,7 @@ demo: $(STAMP)
 # Chromium from Debian for the browser test (Playwright's own download is not used); quick when present.
 browser-deps: $(STAMP)
 	@test -x /usr/bin/chromium || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
-		|| echo "browser-deps: could not install chromium; tests/test_browser.py will fail and say so"
+		|| echo "browser-deps: could not install chromium; tests/widgets/test_browser.py will fail and say so"
 	@$(PY) -c "import playwright.sync_api" 2>/dev/null || $(PY) -m pip install -q playwright
 
 test: $(STAMP) browser-deps

@@ -45,7 +45,7 @@ __version__ = "0.1.0"
 
 def editor(*args, **kwargs):
     """Open the visual plan editor (`alpaviz.widgets.editor`); the UI stack is imported on first use."""
-    from alpaviz.widgets import editor as _editor
+    from alpaviz.widgets import editor as _editor  # lazy: `import alpaviz` must not pull in the UI stack
 
     return _editor(*args, **kwargs)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -13,6 +14,16 @@ def _use_virtual_cpu_devices(count: int) -> None:
         return
     flag = f"--xla_force_host_platform_device_count={count}"
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+
+
+def load_solver(spec: str | None):
+    """`"package.module:function"` -> that function; None -> av.solve."""
+    if spec is None:
+        return None
+    module, _, name = spec.partition(":")
+    if not name:
+        raise ValueError(f"--solver takes module:function, got {spec!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,12 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--solver", default=None, help="module:function to use instead of av.solve")
     args = parser.parse_args(argv)
     _use_virtual_cpu_devices(getattr(args, "devices", 8))
+    # lazy: each command imports only its own stack (JAX for the demo, the UI for serve)
     if args.command == "demo":
         from alpaviz._demo import run_demo
 
         return run_demo(devices=args.devices, report_path=args.report)
     if args.command == "serve":
-        from alpaviz.widgets._app import load_solver, serve as serve_app
+        from alpaviz.widgets import serve as serve_app  # lazy: see above
 
         serve_app(args.port, args.address, args.layers, load_solver(args.solver))
         return 0

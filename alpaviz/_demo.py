@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import time
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import alpaviz as av
+from alpaviz.widgets import ReportSection, write_report
+
 
 def _paper_plan(progress: bool):
-    import jax.numpy as jnp
-
-    import alpaviz as av
-
     microbatch, num_microbatches = 16, 64  # global batch 1024, as in Alpa's GPT runs
     step, params, batch = av.models.gpt("1.3B", batch_size=microbatch, abstract=True, dtype=jnp.float16)
     graph = av.trace(step, params, batch)
@@ -37,11 +40,6 @@ def _paper_plan(progress: bool):
 
 
 def _local_launch(progress: bool, steps: int = 3):
-    import jax
-    import numpy as np
-
-    import alpaviz as av
-
     num_microbatches = 4
     train_step, params, batch = av.models.gpt(num_layers=4, hidden=64, heads=4, seq_len=32, vocab=256, batch_size=16)
     microbatch = jax.tree.map(lambda x: x[: x.shape[0] // num_microbatches], batch)
@@ -65,10 +63,6 @@ def _local_launch(progress: bool, steps: int = 3):
 
 
 def run_demo(devices: int = 8, report_path: str = "demo_report.html", progress: bool = True) -> int:
-    import jax
-
-    from alpaviz.widgets._report import ReportSection, write_report
-
     print(f"JAX {jax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} devices")
     if len(jax.devices()) < devices:
         print(f"  note: asked for {devices} devices but JAX already started with {len(jax.devices())}")

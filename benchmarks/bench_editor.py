@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster = av.Cluster.a100_node(1, args.gpus) if args.gpus < 8 else av.Cluster.a100_node(args.gpus // 8)
     options = {}
     if args.stage_cost == "analytic":
-        from alpaviz.core._analytic_cost import analytic_stage_cost
+        from alpaviz.core.inter_op._stage_cost import analytic_stage_cost
 
         options["stage_cost"] = analytic_stage_cost
     solver_s: list[float] = []

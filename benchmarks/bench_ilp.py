@@ -15,8 +15,8 @@ import argparse
 import time
 
 import alpaviz as av
-from alpaviz.core._intra_op import solve_sharding
-from alpaviz.core._simplify import simplify
+from alpaviz.core.intra_op._solve_sharding import solve_sharding
+from alpaviz.core.intra_op._simplify import simplify
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import time
 import jax.numpy as jnp
 
 import alpaviz as av
-from alpaviz.core._analytic_cost import analytic_stage_cost, default_stage_cost
+from alpaviz.core.inter_op._stage_cost import analytic_stage_cost, default_stage_cost
 
 
 @dataclasses.dataclass(frozen=True)

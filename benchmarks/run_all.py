@@ -23,7 +23,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import alpaviz as av  # noqa: E402
-from alpaviz.core._analytic_cost import analytic_stage_cost, default_stage_cost  # noqa: E402
+from alpaviz.core.inter_op._stage_cost import analytic_stage_cost, default_stage_cost  # noqa: E402
 from bench_plan import CASES, Case, build, cluster_for  # noqa: E402
 
 COLUMNS = ("case", "devices", "plan_s", "step_ms", "tflops_per_device", "vs_grid", "vs_dp", "vs_intra_only",

@@ -11,6 +11,8 @@ from typing import Any
 
 import panel as pn
 
+from alpaviz.core import Cluster, trace
+from alpaviz.core.models import gpt
 from alpaviz.widgets import _figures as F
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
@@ -213,11 +215,9 @@ def _message(ok: bool, text: str) -> str:
 
 def default_session(num_layers: int = 4, solver=None, cache: Any = None) -> EditorSession:
     """The default GPT (with `num_layers` blocks) on one 8-GPU A100 host, solved with av.solve."""
-    import alpaviz as av
-
-    step, params, batch = av.models.gpt(num_layers=num_layers)
-    graph = av.trace(step, params, batch)
-    return EditorSession(graph, whatif=WhatIf(4, "1f1b", av.Cluster.a100_node(1)), solver=solver,
+    step, params, batch = gpt(num_layers=num_layers)
+    graph = trace(step, params, batch)
+    return EditorSession(graph, whatif=WhatIf(4, "1f1b", Cluster.a100_node(1)), solver=solver,
                          solve_options={"cache": cache} if cache is not None else None,
                          step_fn=step, example_args=(params, batch))
 
@@ -233,18 +233,6 @@ def _page(make_session) -> pn.Column:
 def create_app(num_layers: int = 4, solver=None, cache: Any = None) -> pn.Column:
     """A fresh page with its own session (solves the default model when the page opens)."""
     return _page(lambda: default_session(num_layers, solver, cache))
-
-
-def load_solver(spec: str | None):
-    """`"package.module:function"` -> that function; None -> av.solve."""
-    if spec is None:
-        return None
-    import importlib
-
-    module, _, name = spec.partition(":")
-    if not name:
-        raise ValueError(f"--solver takes module:function, got {spec!r}")
-    return getattr(importlib.import_module(module), name)
 
 
 def serve(port: int = 5006, address: str = "127.0.0.1", num_layers: int = 4, solver=None, show: bool = False) -> Any:

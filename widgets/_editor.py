@@ -11,7 +11,7 @@ from typing import Any, Callable
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from alpaviz.core import OpGraph, Plan
+from alpaviz.core import Cluster, OpGraph, Plan, trace
 from alpaviz.widgets import _figures as F
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
@@ -279,8 +279,6 @@ def editor(fn_or_plan: Callable[..., Any] | Plan, *args: Any, cluster=None, grap
         >>> ed = av.editor(train_step, params, batch, cluster=av.Cluster.a100_node(1), num_microbatches=4)
         >>> ed = av.editor(plan, graph=graph)
     """
-    from alpaviz.core import trace
-
     step_fn = None
     if isinstance(fn_or_plan, Plan):
         plan = fn_or_plan
@@ -295,8 +293,6 @@ def editor(fn_or_plan: Callable[..., Any] | Plan, *args: Any, cluster=None, grap
         graph = graph or trace(fn_or_plan, *args)
     whatif = None
     if plan is None:
-        from alpaviz.core import Cluster
-
         whatif = WhatIf(solve_options.pop("num_microbatches", 4), solve_options.pop("schedule", "1f1b"),
                         cluster or Cluster.a100_node(1))
     session = EditorSession(graph, plan, whatif=whatif, solver=solver, solve_options=solve_options,

@@ -3,19 +3,20 @@
 A session holds the graph, the shown plan, the pins being edited, the
 previous plan (for the change in cost) and the what-if options.  Every
 action returns a short message for the UI; a failed solve or launch never
-replaces the shown plan.  The solver, timeline and runtime come from core
-and are looked up when used, so the editor works with whatever has landed.
+replaces the shown plan.  The solver, timeline and runtime are core's
+public functions; a session can be given another solver (tests, what-ifs).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import time
 from typing import Any, Callable, Literal
 
-from alpaviz.core import Cluster, Link, OpGraph, Pins, Plan
-from alpaviz.core import Timeline
+from alpaviz.core import (
+    Cluster, Link, OpGraph, Pins, Plan, StageProfileCache, Timeline, parallelize, predicted_timeline, solve,
+    strategy_names as core_strategy_names,
+)
 from alpaviz.widgets import _edits
 
 Solver = Callable[..., Plan]
@@ -24,24 +25,6 @@ PRESETS: dict[str, Callable[[int], Cluster]] = {
     "v100": lambda hosts: Cluster.v100_node(hosts),
     "h100": lambda hosts: Cluster.h100_node(hosts),
 }
-
-
-def core_function(module: str, name: str) -> Callable[..., Any] | None:
-    """A function another team provides in core, or None while it has not landed."""
-    try:
-        return getattr(importlib.import_module(f"alpaviz.core.{module}"), name)
-    except (ImportError, AttributeError):
-        return None
-
-
-def default_solver() -> Solver | None:
-    import alpaviz.core as core
-
-    return getattr(core, "solve", None) or core_function("_inter_op", "solve")
-
-
-def default_strategy_names() -> Callable[..., tuple[str, ...]] | None:
-    return core_function("_intra_op", "strategy_names") or core_function("_strategies", "strategy_names")
 
 
 def repeat_batch(batch: Any, times: int) -> Any:
@@ -149,10 +132,10 @@ class EditorSession:
         example_args: tuple[Any, ...] = (),
     ) -> None:
         self.graph = graph
-        self.solver = solver or default_solver()
+        self.solver = solver or solve
         self.solve_options = dict(solve_options or {})
         cache = self.solve_options.pop("cache", None)  # an empty cache is falsy: test for None
-        self.cache = self._make_cache() if cache is None else cache
+        self.cache = StageProfileCache() if cache is None else cache
         self.whatif = whatif or (WhatIf(plan.schedule.num_microbatches, plan.schedule.kind, plan.cluster)
                                  if plan else WhatIf())
         self.step_fn, self.example_args = step_fn, example_args
@@ -203,7 +186,7 @@ class EditorSession:
 
     def strategy_options(self, row, strategy_names=None) -> tuple[str, ...]:
         """A `StrategyRow`'s alternatives on its stage's mesh; asked per operator shown, not for all."""
-        names = strategy_names or default_strategy_names()
+        names = strategy_names or core_strategy_names
         options = list(row.options)
         if names is not None:
             stage = self.plan.stages[row.stage]
@@ -226,17 +209,6 @@ class EditorSession:
         return self.resolve() if resolve else self._changed(Outcome(True, "options changed"))
 
     # ---- solving ------------------------------------------------------------
-    def _make_cache(self) -> Any:
-        import alpaviz.core as core
-
-        if hasattr(core, "StageProfileCache"):
-            return core.StageProfileCache()
-        for module, name in (("_inter_op", "StageProfileCache"), ("_stage_profile", "StageProfileCache")):
-            factory = core_function(module, name)
-            if factory is not None:
-                return factory()
-        return None
-
     def _kept(self) -> str:
         return " (the previous plan is still shown)" if hasattr(self, "plan") else ""
 
@@ -245,7 +217,7 @@ class EditorSession:
         if pins is not None:
             self.pins = pins
         if self.solver is None:
-            return self._changed(Outcome(False, "Re-solve not available: av.solve is not in this alpaviz yet"))
+            return self._changed(Outcome(False, "Re-solve not available: this session has no solver (give it solver=av.solve)"))
         options = dict(self.solve_options)
         if self.cache is not None:
             options["cache"] = self.cache
@@ -268,17 +240,11 @@ class EditorSession:
         return self._changed(Outcome(True, f"re-solved in {time.perf_counter() - start:.2f} s"))
 
     # ---- timelines and launch ----------------------------------------------
-    def predicted_timeline(self) -> Timeline | None:
-        simulate = core_function("_schedule", "predicted_timeline")
-        return None if simulate is None else simulate(self.plan, self.graph)
+    def predicted_timeline(self) -> Timeline:
+        return predicted_timeline(self.plan, self.graph)
 
     def launch(self, steps: int = 3) -> Outcome:
         """Run `av.parallelize` for `steps` steps here and keep the measured timeline."""
-        import alpaviz as av
-
-        parallelize = getattr(av, "parallelize", None) or core_function("_runtime", "parallelize")
-        if parallelize is None:
-            return self._changed(Outcome(False, "Launch not available: av.parallelize is not in this alpaviz yet"))
         if self.step_fn is None:
             return self._changed(Outcome(False, "Launch needs the training step: open the editor with av.editor(fn, *args)"))
         try:

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from alpaviz.core._markers import mark_layer
+from alpaviz.core.graph import mark_layer
 from alpaviz.core.models._common import ModelSpec, Optimizer, build, dense_init
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from alpaviz.core._markers import mark_layer
+from alpaviz.core.graph import mark_layer
 from alpaviz.core.models._common import (
     ModelSpec, Optimizer, build, cross_entropy, dense_init, layer_norm, resolve_config, token_batch,
 )

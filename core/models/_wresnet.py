@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from alpaviz.core._markers import mark_layer
+from alpaviz.core.graph import mark_layer
 from alpaviz.core.models._common import ModelSpec, Optimizer, build, dense_init, resolve_config
 
 _DEPTH_BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3), 10: (1, 1, 1, 1)}

@@ -1,0 +1,265 @@
+"""The device cluster, its submeshes and their 2-D logical views.
+
+Everything here is abstract (shapes, ids, link figures); real JAX devices
+are attached only when a plan is compiled or run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+AXIS_NAMES: tuple[str, str] = ("x", "y")
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator: peak FLOP/s, memory bytes and memory bandwidth (bytes/s)."""
+
+    name: str
+    peak_flops: float
+    memory_bytes: float
+    memory_bandwidth: float = 1e12
+
+    def __post_init__(self) -> None:
+        for field in ("peak_flops", "memory_bytes", "memory_bandwidth"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"DeviceSpec.{field} must be positive, got {getattr(self, field)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """An interconnect in the alpha-beta model: latency (s) and bandwidth (bytes/s)."""
+
+    alpha_s: float
+    bandwidth_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if self.alpha_s < 0 or self.bandwidth_bytes_per_s <= 0:
+            raise ValueError(
+                f"Link needs alpha_s >= 0 and bandwidth_bytes_per_s > 0, got "
+                f"alpha_s={self.alpha_s!r}, bandwidth_bytes_per_s={self.bandwidth_bytes_per_s!r}"
+            )
+
+    def transfer_time(self, nbytes: float) -> float:
+        """Seconds to send `nbytes` point to point over this link."""
+        return 0.0 if nbytes <= 0 else self.alpha_s + nbytes / self.bandwidth_bytes_per_s
+
+
+@dataclasses.dataclass(frozen=True)
+class LogicalMesh:
+    """A submesh seen as a 2-D grid of devices, with the link each axis uses.
+
+    Axis 1 always stays inside a host; axis 0 crosses hosts when the
+    submesh spans more than one.
+    """
+
+    shape: tuple[int, int]
+    device_ids: tuple[int, ...]
+    axis_links: tuple[Link, Link]
+    axis_names: tuple[str, str] = AXIS_NAMES
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != 2 or min(self.shape) < 1:
+            raise ValueError(f"a logical mesh shape is two positive ints, got {self.shape!r}")
+        if math.prod(self.shape) != len(self.device_ids):
+            raise ValueError(
+                f"logical mesh {self.shape} needs {math.prod(self.shape)} devices, "
+                f"got {len(self.device_ids)} device ids"
+            )
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.device_ids)
+
+    def axis_size(self, axes: int | tuple[int, ...]) -> int:
+        """Number of devices along one axis or a group of axes."""
+        if isinstance(axes, int):
+            axes = (axes,)
+        return math.prod(self.shape[a] for a in axes)
+
+    def axis_link(self, axes: int | tuple[int, ...]) -> Link:
+        """The slowest link among `axes`: a collective over them is bound by it."""
+        if isinstance(axes, int):
+            axes = (axes,)
+        links = [self.axis_links[a] for a in axes if self.shape[a] > 1] or [self.axis_links[a] for a in axes]
+        return min(links, key=lambda link: link.bandwidth_bytes_per_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """Hosts of identical devices: a fast link inside a host, a slower one between hosts.
+
+    Example:
+        >>> cluster = av.Cluster.a100_node(num_hosts=2)   # 2 x 8 A100-40GB
+        >>> cluster.num_devices
+        16
+    """
+
+    num_hosts: int
+    devices_per_host: int
+    device: DeviceSpec
+    intra_host: Link
+    inter_host: Link
+    name: str = "cluster"
+
+    def __post_init__(self) -> None:
+        if self.num_hosts < 1 or self.devices_per_host < 1:
+            raise ValueError(
+                f"a cluster needs at least one host and one device per host, got "
+                f"num_hosts={self.num_hosts}, devices_per_host={self.devices_per_host}"
+            )
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_hosts * self.devices_per_host
+
+    @property
+    def whole_submesh(self) -> tuple[int, int]:
+        """The submesh shape (hosts, devices per host) that is the whole cluster."""
+        return (self.num_hosts, self.devices_per_host)
+
+    # ---- presets -------------------------------------------------------
+    @classmethod
+    def a100_node(cls, num_hosts: int = 1, devices_per_host: int = 8) -> "Cluster":
+        """A100-40GB hosts: NVLink inside, a 25 Gbps-class network between (Alpa's setting)."""
+        return cls(
+            num_hosts=num_hosts,
+            devices_per_host=devices_per_host,
+            device=DeviceSpec("A100-40GB", peak_flops=312e12, memory_bytes=40e9, memory_bandwidth=1.55e12),
+            intra_host=Link(alpha_s=5e-6, bandwidth_bytes_per_s=150e9),
+            inter_host=Link(alpha_s=2e-5, bandwidth_bytes_per_s=3.125e9),
+            name=f"{num_hosts}x{devices_per_host} A100",
+        )
+
+    @classmethod
+    def v100_node(cls, num_hosts: int = 1, devices_per_host: int = 8) -> "Cluster":
+        """V100-16GB hosts as in the Alpa paper's cluster (NVLink, 25 Gbps between hosts)."""
+        return cls(
+            num_hosts=num_hosts,
+            devices_per_host=devices_per_host,
+            device=DeviceSpec("V100-16GB", peak_flops=125e12, memory_bytes=16e9, memory_bandwidth=0.9e12),
+            intra_host=Link(alpha_s=5e-6, bandwidth_bytes_per_s=100e9),
+            inter_host=Link(alpha_s=2e-5, bandwidth_bytes_per_s=3.125e9),
+            name=f"{num_hosts}x{devices_per_host} V100",
+        )
+
+    @classmethod
+    def h100_node(cls, num_hosts: int = 1, devices_per_host: int = 8) -> "Cluster":
+        """H100-80GB hosts: NVLink 4 inside, 400 Gbps per GPU between hosts."""
+        return cls(
+            num_hosts=num_hosts,
+            devices_per_host=devices_per_host,
+            device=DeviceSpec("H100-80GB", peak_flops=989e12, memory_bytes=80e9, memory_bandwidth=3.35e12),
+            intra_host=Link(alpha_s=3e-6, bandwidth_bytes_per_s=450e9),
+            inter_host=Link(alpha_s=1e-5, bandwidth_bytes_per_s=50e9),
+            name=f"{num_hosts}x{devices_per_host} H100",
+        )
+
+    @classmethod
+    def local(
+        cls,
+        peak_flops: float = 5e10,
+        memory_bytes: float = 2e9,
+        link: Link = Link(alpha_s=1e-5, bandwidth_bytes_per_s=5e9),
+    ) -> "Cluster":
+        """The JAX devices of this process (e.g. 8 virtual CPU devices) as one host.
+
+        The figures are nominal CPU ones; pass measured values for real planning.
+        """
+        import jax
+
+        devices = jax.local_devices()
+        return cls(
+            num_hosts=jax.process_count(),
+            devices_per_host=len(devices),
+            device=DeviceSpec(f"local-{devices[0].platform}", peak_flops, memory_bytes, 2e10),
+            intra_host=link,
+            inter_host=link,
+            name=f"local {len(devices)}x{devices[0].platform}",
+        )
+
+    @classmethod
+    def ray(
+        cls,
+        num_hosts: int = 2,
+        devices_per_host: int = 4,
+        peak_flops: float = 5e10,
+        memory_bytes: float = 2e9,
+        link: Link = Link(alpha_s=1e-5, bandwidth_bytes_per_s=5e9),
+        inter_host: Link = Link(alpha_s=1e-4, bandwidth_bytes_per_s=1e9),
+    ) -> "Cluster":
+        """Hosts run as Ray actors, one per host (for tests: each with K virtual CPU devices).
+
+        Plan on it, then run with `av.parallelize(step, plan, engine="ray",
+        ray_options={"address": "auto"})` (no address: a local Ray).
+        """
+        return cls(
+            num_hosts=num_hosts,
+            devices_per_host=devices_per_host,
+            device=DeviceSpec("ray-cpu", peak_flops, memory_bytes, 2e10),
+            intra_host=link,
+            inter_host=inter_host,
+            name=f"ray {num_hosts}x{devices_per_host} cpu",
+        )
+
+    # ---- submeshes -----------------------------------------------------
+    def submesh_shapes(self) -> tuple[tuple[int, int], ...]:
+        """Alpa's submesh shapes: (1, 2^k) inside a host, then (n, all devices) across n hosts."""
+        shapes = []
+        size = 1
+        while size < self.devices_per_host:
+            if self.devices_per_host % size == 0:
+                shapes.append((1, size))
+            size *= 2
+        shapes.extend((n, self.devices_per_host) for n in range(1, self.num_hosts + 1))
+        return tuple(dict.fromkeys(shapes))
+
+    def logical_shapes(self, submesh: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+        """Logical (dp, mp) views of a submesh; mp divides a host's share so axis 1 stays intra-host."""
+        hosts, per_host = submesh
+        total = hosts * per_host
+        return tuple((total // mp, mp) for mp in range(1, per_host + 1) if per_host % mp == 0)
+
+    def validate_submesh(self, submesh: tuple[int, int]) -> None:
+        hosts, per_host = submesh
+        if hosts < 1 or per_host < 1 or hosts > self.num_hosts or per_host > self.devices_per_host:
+            raise ValueError(
+                f"submesh {submesh} does not fit cluster {self.num_hosts} hosts x "
+                f"{self.devices_per_host} devices; use one of {self.submesh_shapes()}"
+            )
+        if hosts > 1 and per_host != self.devices_per_host:
+            raise ValueError(
+                f"a submesh across {hosts} hosts must use all {self.devices_per_host} devices "
+                f"of each host, got {submesh}"
+            )
+
+    def logical_mesh(
+        self,
+        submesh: tuple[int, int],
+        logical_shape: tuple[int, int] | None = None,
+        first_device: int = 0,
+    ) -> LogicalMesh:
+        """A logical view of `submesh` whose devices start at global id `first_device`."""
+        self.validate_submesh(submesh)
+        hosts, per_host = submesh
+        logical_shape = logical_shape or (1, hosts * per_host)
+        if logical_shape not in self.logical_shapes(submesh):
+            raise ValueError(
+                f"logical mesh {logical_shape} is not a view of submesh {submesh}; "
+                f"choose one of {self.logical_shapes(submesh)}"
+            )
+        if first_device + hosts * per_host > self.num_devices:
+            raise ValueError(
+                f"submesh {submesh} starting at device {first_device} runs past the "
+                f"cluster's {self.num_devices} devices"
+            )
+        device_ids = tuple(range(first_device, first_device + hosts * per_host))
+        axis0 = self.inter_host if hosts > 1 else self.intra_host
+        return LogicalMesh(shape=logical_shape, device_ids=device_ids, axis_links=(axis0, self.intra_host))
+
+    def with_links(self, intra_host: Link | None = None, inter_host: Link | None = None) -> "Cluster":
+        """A copy with other link figures, for what-if planning."""
+        return dataclasses.replace(
+            self, intra_host=intra_host or self.intra_host, inter_host=inter_host or self.inter_host
+        )

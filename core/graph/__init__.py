@@ -1,0 +1,40 @@
+"""The graph pass: trace a training step into an operator graph (FLOPs, bytes, roles, layers).
+
+This module only re-exports: the names other passes and users may rely on.
+"""
+
+from alpaviz.core.graph._op_graph import OpGraph as OpGraph
+from alpaviz.core.graph._op_graph import OpNode as OpNode
+from alpaviz.core.graph._op_graph import Role as Role
+from alpaviz.core.graph._op_graph import TensorInfo as TensorInfo
+from alpaviz.core.graph._trace import trace as trace
+from alpaviz.core.graph._markers import mark_layer as mark_layer
+from alpaviz.core.graph._flops import DATA_MOVEMENT as DATA_MOVEMENT
+from alpaviz.core.graph._flops import ELEMENTWISE as ELEMENTWISE
+from alpaviz.core.graph._flops import REDUCTIONS as REDUCTIONS
+from alpaviz.core.graph._flops import primitive_flops as primitive_flops
+from alpaviz.core.graph._interpret import as_function as as_function
+from alpaviz.core.graph._interpret import evaluate as evaluate
+from alpaviz.core.graph._layers import assign_backward_layers as assign_backward_layers
+from alpaviz.core.graph._layers import cut_bytes as cut_bytes
+from alpaviz.core.graph._microbatch import microbatch_args as microbatch_args
+from alpaviz.core.graph._microbatch import split_microbatch as split_microbatch
+
+__all__ = [
+    "as_function",
+    "assign_backward_layers",
+    "cut_bytes",
+    "DATA_MOVEMENT",
+    "ELEMENTWISE",
+    "evaluate",
+    "mark_layer",
+    "microbatch_args",
+    "OpGraph",
+    "OpNode",
+    "primitive_flops",
+    "REDUCTIONS",
+    "Role",
+    "split_microbatch",
+    "TensorInfo",
+    "trace",
+]

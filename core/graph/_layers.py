@@ -1,0 +1,85 @@
+"""Layer facts of an operator graph: which layer a backward or update operator serves, what crosses a cut.
+
+Both are properties of the graph alone, used by the trace (to place
+backward and update operators), by layer clustering and by stage profiling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from alpaviz.core.graph._op_graph import OpGraph
+
+
+def assign_backward_layers(graph: OpGraph, forward_layer: dict[str, int]) -> dict[str, int]:
+    """Give backward and update operators the layer of the forward operators they serve.
+
+    * A backward operator reading forward tensors belongs to the earliest
+      forward layer among the last forward readers of those tensors: the
+      gradient of layer l's matmul reads l's input, whose last forward reader
+      is layer l even though layer l-1 produced it.
+    * One reading only gradients takes the smallest layer among its producers
+      (gradients flow from the last layer to the first); a seed with no
+      producer goes to the last layer.
+    * An update operator takes the layer of the parameter's first forward
+      reader, else that of the gradient it reads.
+    """
+    last = max(forward_layer.values(), default=0)
+    last_reader: dict[str, int] = {}
+    first_reader: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.name not in forward_layer:
+            continue
+        layer = forward_layer[node.name]
+        for t in node.outputs:
+            last_reader[t] = max(last_reader.get(t, layer), layer)
+        for t in node.inputs:
+            if graph.tensor(t).producer is None:
+                first_reader.setdefault(t, layer)
+            elif t in last_reader:
+                last_reader[t] = max(last_reader[t], layer)
+    result = dict(forward_layer)
+    for node in graph.nodes:
+        if node.name in result:
+            continue
+        producers = [graph.tensor(t).producer for t in node.inputs]
+        if node.role == "backward":
+            from_forward = [last_reader[t] for t, p in zip(node.inputs, producers) if p in forward_layer]
+            from_backward = [result[p] for p in producers if p is not None and p in result and p not in forward_layer]
+            if from_forward:
+                result[node.name] = min(from_forward)
+            elif from_backward:
+                result[node.name] = min(from_backward)
+            else:
+                result[node.name] = last
+        else:
+            from_params = [first_reader[t] for t in node.inputs if t in first_reader]
+            from_nodes = [result[p] for p in producers if p is not None and p in result]
+            result[node.name] = min(from_params or from_nodes or [0])
+    return result
+
+
+def cut_bytes(graph: OpGraph) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Bytes of forward activations and of backward gradients that cross each layer cut."""
+    num_layers = graph.num_layers
+    forward = np.zeros(num_layers + 2)
+    backward = np.zeros(num_layers + 2)
+    for tensor in graph.tensors:
+        if tensor.producer is None:
+            continue
+        producer = graph.node(tensor.producer)
+        readers = [graph.node(c) for c in graph.consumers.get(tensor.name, ())]
+        if producer.role == "forward":
+            far = max((r.layer for r in readers if r.role == "forward"), default=producer.layer)
+            if far > producer.layer:  # crosses cuts producer.layer+1 .. far
+                forward[producer.layer + 1] += tensor.nbytes
+                forward[far + 1] -= tensor.nbytes
+        elif producer.role == "backward":
+            near = min((r.layer for r in readers if r.role == "backward"), default=producer.layer)
+            if near < producer.layer:  # crosses cuts near+1 .. producer.layer
+                backward[near + 1] += tensor.nbytes
+                backward[producer.layer + 1] -= tensor.nbytes
+    forward_cut = np.cumsum(forward)[: num_layers + 1]
+    backward_cut = np.cumsum(backward)[: num_layers + 1]
+    forward_cut[0] = backward_cut[0] = 0.0
+    return tuple(float(x) for x in forward_cut), tuple(float(x) for x in backward_cut)

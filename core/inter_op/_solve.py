@@ -1,0 +1,392 @@
+"""`av.solve`: trace, cluster layers, profile stages, run the stage DP, assemble a Plan.
+
+The traced step is one microbatch; a training step runs `num_microbatches`
+of them through the pipeline.  Every decision the pins leave open is
+solved; what they fix is honoured or reported as a conflict that names them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Sequence
+
+from alpaviz.core.cost import Cluster, CostModel
+from alpaviz.core.graph import OpGraph, microbatch_args, trace
+from alpaviz.core.inter_op._data_parallel import data_parallel_pins
+from alpaviz.core.inter_op._layer_clustering import cluster_layers
+from alpaviz.core.inter_op._measure import measured_stage_cost
+from alpaviz.core.inter_op._pin_check import (
+    InfeasiblePinsError, ModelTooLargeError, check_intra_op_pins, check_pins, constraints_from_pins, diagnose,
+)
+from alpaviz.core.inter_op._setup import SolveSetup
+from alpaviz.core.inter_op._stage_cost import StageCostFn, analytic_stage_cost, default_stage_cost, ilp_available
+from alpaviz.core.inter_op._stage_dp import (
+    MeshChoice, NoStagePlanError, ScheduleKind, StageChoice, StageSolution, in_flight,
+    pipeline_latency, solve_stages,
+)
+from alpaviz.core.inter_op._stage_profile import (
+    StageProfileCache, boundary_link, mesh_choices, profile_layers, stage_cost_table,
+)
+from alpaviz.core.plan import (
+    Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, format_bytes, graph_fingerprint,
+)
+
+
+def solve(
+    fn_or_graph: Callable[..., Any] | OpGraph,
+    *args: Any,
+    cluster: Cluster,
+    cost_model: CostModel | None = None,
+    num_microbatches: int = 1,
+    schedule: ScheduleKind = "1f1b",
+    pins: Pins | None = None,
+    memory_limit: float | None = None,
+    cache: StageProfileCache | None = None,
+    progress: bool = True,
+    num_layers: int | None = None,
+    stage_cost: StageCostFn | None = None,
+    profile: bool = False,
+    submeshes: Sequence[tuple[int, int]] | None = None,
+    tolerance: float = 0.0,
+    previous: Plan | None = None,
+    workers: int = 1,
+    global_batch_argnums: Sequence[int] = (),
+) -> Plan:
+    """Plan a training step for `cluster`: stages, submeshes, shardings and the pipeline schedule.
+
+    `fn_or_graph` is a step function (traced with `args`) or an `OpGraph`.
+    `pins` fix any subset of decisions; `cache` (a `StageProfileCache`)
+    makes re-solving after a pin cheap; `num_layers` merges or clusters the
+    graph's layers; `stage_cost` replaces the default per-layer cost (the
+    intra-op ILP when installed, else the analytic fallback); `profile=True`
+    measures each candidate on the local devices instead.  With `previous`
+    (a plan of the same graph) ties are broken towards its stages, so a new
+    pin moves only what it must.  `workers` > 1 profiles in that many
+    processes.  The traced batch is one microbatch; with
+    `global_batch_argnums=(1,)` the given batch argument is the global batch
+    instead, and its dim 0 is divided by `num_microbatches` before tracing.
+
+    Example:
+        >>> cache = av.StageProfileCache()
+        >>> plan = av.solve(step, params, batch, cluster=av.Cluster.a100_node(2), num_microbatches=8, cache=cache)
+        >>> print(plan.summary())
+    """
+    started = time.perf_counter()
+    if schedule not in ("1f1b", "gpipe"):
+        raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
+    if not isinstance(num_microbatches, int) or num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
+    pins = Pins() if pins is None else pins
+    if global_batch_argnums:
+        if isinstance(fn_or_graph, OpGraph):
+            raise ValueError(
+                "global_batch_argnums needs the step function and its arguments, not an OpGraph: "
+                "pass solve(train_step, params, batch, ...) or trace the step at microbatch size yourself"
+            )
+        args = microbatch_args(args, global_batch_argnums, num_microbatches)
+    setup = prepare(
+        fn_or_graph, *args, cluster=cluster, cost_model=cost_model, pins=pins, memory_limit=memory_limit,
+        cache=cache, progress=progress, num_layers=num_layers, stage_cost=stage_cost, profile=profile,
+        submeshes=submeshes, workers=workers, num_microbatches=num_microbatches,
+    )
+    profiled_at = time.perf_counter()
+    constraints = constraints_from_pins(pins, setup.meshes, setup.graph.num_layers, cluster)
+    bar = _bar(progress, "stage DP", None)
+    try:
+        solution = solve_stages(
+            setup.table, cluster.num_devices, num_microbatches, schedule, setup.memory_limit_bytes,
+            constraints, tolerance=tolerance, prefer=_stages_of(previous, setup),
+            on_candidate=(lambda done, total: _tick(bar, done, total)) if bar is not None else None,
+        )
+    except NoStagePlanError:
+        raise diagnose(setup, pins, num_microbatches, schedule) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    notes = (
+        f"stage costs: {setup.stage_cost_name}; {setup.profiles.profiled} layer profiles computed, "
+        f"the rest from the cache",
+        f"t_max candidates tried: {solution.candidates_tried} of {solution.candidates_total}; "
+        f"profiling {profiled_at - started:.2f} s, DP {time.perf_counter() - profiled_at:.2f} s",
+        "stage cost = sum of its layers' costs + boundary send/recv (no resharding inside a stage)",
+    )
+    return assemble_plan(setup, solution, pins, num_microbatches, schedule, time.perf_counter() - started,
+                         notes, exact=tolerance == 0)
+
+
+def evaluate_stages(
+    setup: SolveSetup,
+    stages: Sequence[StageChoice],
+    pins: Pins = Pins(),
+    num_microbatches: int = 1,
+    schedule: ScheduleKind = "1f1b",
+    notes: Sequence[str] = (),
+) -> Plan:
+    """The Plan for one explicit stage layout, priced from the same table as the DP (no search).
+
+    Raises ModelTooLargeError naming the stage that does not fit.
+    """
+    started = time.perf_counter()
+    table, n = setup.table, len(stages)
+    used = sum(setup.meshes[s.mesh].num_devices for s in stages)
+    if used != setup.cluster.num_devices:
+        raise InfeasiblePinsError(f"the stages use {used} devices but the cluster has {setup.cluster.num_devices}")
+    times, updates = [], []
+    for i, s in enumerate(stages):
+        time_s = float(table.time_s[s.start, s.stop, s.mesh])
+        if not math.isfinite(time_s):
+            raise InfeasiblePinsError(
+                f"stage {i} (layers {s.start}..{s.stop - 1}) cannot run on submesh {setup.meshes[s.mesh].submesh} "
+                f"as logical mesh {setup.meshes[s.mesh].logical_shape}: "
+                f"{_reason(setup, s)}"
+            )
+        keep = in_flight(i, n, num_microbatches, schedule)
+        need = float(table.state_bytes[s.start, s.stop, s.mesh] + keep * table.activation_bytes[s.start, s.stop, s.mesh])
+        if need > setup.memory_limit_bytes:
+            raise ModelTooLargeError(
+                f"stage {i} (layers {s.start}..{s.stop - 1} on {setup.meshes[s.mesh].logical_shape}) needs "
+                f"{format_bytes(need)} per device with {keep} microbatches in flight, but the limit is "
+                f"{format_bytes(setup.memory_limit_bytes)} per device"
+            )
+        times.append(time_s)
+        updates.append(float(table.update_s[s.start, s.stop, s.mesh]))
+    solution = StageSolution(tuple(stages), pipeline_latency(times, updates, num_microbatches), max(times), 0, 0)
+    return assemble_plan(setup, solution, pins, num_microbatches, schedule, time.perf_counter() - started,
+                         (f"stage costs: {setup.stage_cost_name}", *notes))
+
+
+def _reason(setup: SolveSetup, stage: StageChoice) -> str:
+    reasons = {setup.profiles.profiles[l][stage.mesh].reason for l in range(stage.start, stage.stop)}
+    return "; ".join(sorted(r for r in reasons if r)) or "no layer profile"
+
+
+def resolve(plan_or_pins: Plan | Pins, graph: OpGraph, **options: Any) -> Plan:
+    """Re-solve `graph` keeping the pins (and, from a Plan, its cluster, cost model and schedule)."""
+    if isinstance(plan_or_pins, Plan):
+        plan = plan_or_pins
+        plan.check_graph(graph)
+        options.setdefault("cluster", plan.cluster)
+        options.setdefault("cost_model", plan.cost_model)
+        options.setdefault("num_microbatches", plan.schedule.num_microbatches)
+        options.setdefault("schedule", plan.schedule.kind)
+        options.setdefault("num_layers", len(plan.layers))
+        options.setdefault("previous", plan)
+        pins = plan.pins
+    else:
+        pins = plan_or_pins
+    if "cluster" not in options:
+        raise ValueError("resolve needs cluster=... when given Pins rather than a Plan")
+    return solve(graph, pins=pins, **options)
+
+
+def prepare(
+    fn_or_graph: Callable[..., Any] | OpGraph,
+    *args: Any,
+    cluster: Cluster,
+    cost_model: CostModel | None = None,
+    pins: Pins = Pins(),
+    memory_limit: float | None = None,
+    cache: StageProfileCache | None = None,
+    progress: bool = False,
+    num_layers: int | None = None,
+    stage_cost: StageCostFn | None = None,
+    profile: bool = False,
+    submeshes: Sequence[tuple[int, int]] | None = None,
+    workers: int = 1,
+    meshes: Sequence[MeshChoice] | None = None,
+    num_microbatches: int = 1,
+) -> SolveSetup:
+    """Trace and layer the graph, check the pins, and build the stage cost table.
+
+    `meshes` restricts the mesh choices (a baseline that needs only one mesh profiles only that).
+    """
+    if isinstance(fn_or_graph, OpGraph):
+        if args:
+            raise ValueError("solve(graph, ...) takes no example arguments when given an OpGraph")
+        graph = fn_or_graph
+    else:
+        graph = trace(fn_or_graph, *args)
+    graph = cluster_layers(graph, num_layers)
+    cost_model = CostModel() if cost_model is None else cost_model
+    cache = StageProfileCache() if cache is None else cache
+    check_pins(pins, graph, cluster)
+    meshes = tuple(meshes) if meshes is not None else mesh_choices(cluster, submeshes)
+    fn = stage_cost if stage_cost is not None else default_stage_cost()
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if not ilp_available() and stage_cost is None:
+        name += " (analytic fallback: the intra-op ILP is not installed)"
+    if profile:
+        fn = measured_stage_cost(fn)
+        name = f"measured on local devices (shardings from {name})"
+    bar = _bar(progress, "profiling layers", None)
+    try:
+        profiles = profile_layers(
+            graph, cluster, cost_model, pins, meshes, fn, cache,
+            on_profile=(lambda done, total: _tick(bar, done, total)) if bar is not None else None,
+            workers=workers, variants=_data_parallel_variant(graph, cluster, meshes, fn),
+            num_microbatches=num_microbatches,
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    check_intra_op_pins(pins, profiles)
+    limit = cluster.device.memory_bytes if memory_limit is None else float(memory_limit)
+    if limit <= 0:
+        raise ValueError(f"memory_limit must be positive bytes per device, got {memory_limit}")
+    table = stage_cost_table(profiles, cluster, cost_model)
+    return SolveSetup(graph, cluster, cost_model, meshes, profiles, table, limit, name)
+
+
+def _data_parallel_variant(graph: OpGraph, cluster: Cluster, meshes: Sequence[MeshChoice], fn: StageCostFn):
+    """Pure data parallelism as an extra candidate on the whole-cluster (N, 1) mesh, for the ILP.
+
+    So the planner can never lose to the data-parallel baseline, whose
+    sharding is pinned (the analytic cost is that sharding already).
+    """
+    whole = MeshChoice(cluster.whole_submesh, (cluster.num_devices, 1))
+    if fn is analytic_stage_cost or whole not in meshes or cluster.num_devices == 1:
+        return ()
+    return ((whole, data_parallel_pins(graph, cluster).only_intra_op()),)
+
+
+def _stages_of(plan: Plan | None, setup: SolveSetup) -> tuple[StageChoice, ...]:
+    if plan is None or len(plan.layers) != setup.graph.num_layers:
+        return ()
+    index = {(m.submesh, m.logical_shape): i for i, m in enumerate(setup.meshes)}
+    return tuple(
+        StageChoice(s.layer_start, s.layer_stop, index[(s.submesh, s.logical_mesh)])
+        for s in plan.stages if (s.submesh, s.logical_mesh) in index
+    )
+
+
+# ---- the plan ----------------------------------------------------------------
+
+
+def place_stages(submeshes: Sequence[tuple[int, int]], cluster: Cluster) -> list[int]:
+    """First device of each stage's submesh: whole hosts first, then first-fit decreasing inside hosts."""
+    first = [0] * len(submeshes)
+    per_host = cluster.devices_per_host
+    used = [0] * cluster.num_hosts
+    host = 0
+    order = sorted(range(len(submeshes)), key=lambda i: -submeshes[i][0] * submeshes[i][1])
+    for i in order:
+        hosts, width = submeshes[i]
+        if hosts > 1 or width == per_host:
+            first[i] = host * per_host
+            for h in range(host, host + hosts):
+                used[h] = per_host
+            host += hosts
+            continue
+        for h in range(cluster.num_hosts):
+            if per_host - used[h] >= width:
+                first[i] = h * per_host + used[h]
+                used[h] += width
+                break
+        else:
+            raise ValueError(f"submeshes {list(submeshes)} do not pack into {cluster.name}")
+    return first
+
+
+def assemble_plan(
+    setup: SolveSetup,
+    solution: StageSolution,
+    pins: Pins,
+    num_microbatches: int,
+    schedule: ScheduleKind,
+    seconds: float,
+    notes: Sequence[str],
+    exact: bool = True,
+) -> Plan:
+    """Turn a DP solution into a Plan with per-stage costs and a step-time breakdown.
+
+    The step breakdown: `bubble_s` is the fill and drain (sum of stage times
+    minus the slowest), `cross_stage_s` the slowest stage's boundary
+    transfers over all microbatches, and the rest is split into compute,
+    communication and resharding in proportion to the stages' totals.
+    """
+    cluster, profiles = setup.cluster, setup.profiles
+    n = len(solution.stages)
+    meshes = [setup.meshes[s.mesh] for s in solution.stages]
+    firsts = place_stages([m.submesh for m in meshes], cluster)
+    stages, recvs, totals = [], [], {"compute_s": 0.0, "communication_s": 0.0, "resharding_s": 0.0}
+    statuses = set()
+    for i, (choice, mesh, first) in enumerate(zip(solution.stages, meshes, firsts)):
+        rows = [(profiles.layers[l], profiles.profiles[l][choice.mesh]) for l in range(choice.start, choice.stop)]
+        statuses.update(p.status for _, p in rows)
+        fwd = sum(p.forward_s for _, p in rows)
+        bwd = sum(p.backward_s for _, p in rows)
+        link = boundary_link(cluster, mesh.submesh)
+        recv_in = setup.cost_model.send_recv(profiles.forward_cut_bytes[choice.start], link) if choice.start else 0.0
+        recv_back = (setup.cost_model.send_recv(profiles.backward_cut_bytes[choice.stop], link)
+                     if choice.stop < len(profiles.layers) else 0.0)
+        recvs.append(recv_in + recv_back)
+        state = sum(p.state_bytes for _, p in rows)
+        act = sum(p.activation_bytes for _, p in rows)
+        keep = in_flight(i, n, num_microbatches, schedule)
+        for key in totals:
+            totals[key] += sum(getattr(p, key) for _, p in rows)
+        strategies: dict[str, str] = {}
+        specs: dict[str, Any] = {}
+        for view, p in rows:
+            strategies.update(p.named_strategies(view))
+            for t, s in p.named_specs(view):
+                specs.setdefault(t, s)
+        stages.append(Stage(
+            index=i, layer_start=choice.start, layer_stop=choice.stop, submesh=mesh.submesh,
+            device_ids=tuple(range(first, first + mesh.num_devices)), logical_mesh=mesh.logical_shape,
+            strategies=tuple(sorted(strategies.items())), partition_specs=tuple(sorted(specs.items())),
+            cost=StageCost(
+                forward_s=fwd + recv_in, backward_s=bwd + recv_back,
+                update_s=sum(p.update_s for _, p in rows),
+                compute_s=sum(p.compute_s for _, p in rows),
+                communication_s=sum(p.communication_s for _, p in rows) + recv_in + recv_back,
+                resharding_s=sum(p.resharding_s for _, p in rows),
+                memory_bytes=state + keep * act, activation_bytes=act,
+            ),
+        ))
+    times = [s.cost.microbatch_s for s in stages]
+    slowest = max(range(n), key=lambda i: times[i])
+    step = solution.objective_s
+    bubble = sum(times) - times[slowest]
+    cross = num_microbatches * recvs[slowest]
+    rest = max(step - bubble - cross, 0.0)
+    weight = sum(totals.values()) or 1.0
+    predicted = PredictedCost(
+        step_time_s=step,
+        compute_s=rest * totals["compute_s"] / weight,
+        communication_s=rest * totals["communication_s"] / weight,
+        resharding_s=rest * totals["resharding_s"] / weight,
+        cross_stage_s=cross,
+        bubble_s=bubble,
+        max_memory_bytes=max(s.cost.memory_bytes for s in stages),
+        memory_limit_bytes=setup.memory_limit_bytes,
+    )
+    if "time_limited" in statuses:
+        status = "time_limited"
+    elif not exact or statuses - {"optimal", "pinned"}:
+        status = "heuristic"
+    else:
+        status = "optimal"
+    layers = tuple(Layer(v.index, v.nodes, v.flops) for v in profiles.layers)
+    return Plan(
+        model=setup.graph.name, graph_fingerprint=graph_fingerprint(setup.graph), cluster=cluster,
+        cost_model=setup.cost_model, layers=layers, stages=tuple(stages),
+        schedule=Schedule(schedule, num_microbatches), predicted=predicted, pins=pins,
+        solver=SolverInfo(status=status, seconds=seconds, objective=step, notes=tuple(notes)),
+    )
+
+
+def _bar(enabled: bool, desc: str, total: int | None):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, leave=False)
+
+
+def _tick(bar, done: int, total: int) -> None:
+    if bar.total != total:
+        bar.total = total
+    bar.n = done
+    bar.refresh()

@@ -1,0 +1,375 @@
+"""The inter-operator pass: Alpa's stage-construction DP over a table of stage costs.
+
+Pure and numeric: it sees only a `StageCostTable` (the cost of every layer
+range on every mesh choice) and the pins turned into `StageConstraints`, and
+returns the slicing of the layers into stages and a mesh for each stage that
+minimises the pipeline latency
+
+    sum_i (t_i + u_i) + (B - 1) * max_i t_i
+
+where `t_i` is stage i's forward + backward time per microbatch and `u_i` its
+once-per-step update (gradient sync, optimizer).  Adding `u_i` to the sum is
+an upper bound on the true step (updates of different stages overlap) that
+keeps the DP exact.  As in Alpa, `t_max = max_i t_i` is enumerated over the
+distinct stage costs; for each, a DP finds the least sum with every stage
+under `t_max`, and enumeration stops once no larger `t_max` can win.
+
+Memory: a stage fits when `state + in_flight * activations <= limit`, where
+under 1F1B stage i of n keeps `min(n - i, B)` microbatches in flight and
+under GPipe all `B`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from alpaviz.core.plan import ScheduleKind
+
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshChoice:
+    """A submesh shape (hosts, devices per host) and one logical (dp, mp) view of it."""
+
+    submesh: tuple[int, int]
+    logical_shape: tuple[int, int]
+
+    @property
+    def num_devices(self) -> int:
+        return self.submesh[0] * self.submesh[1]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StageCostTable:
+    """Cost of stage candidates: entry [k, j, m] is layers [k, j) on mesh choice m.
+
+    `time_s` is forward + backward per microbatch (cross-stage transfers
+    included), `update_s` once per step, memory in bytes per device.  Entries
+    with k >= j or that cannot run are `inf`.  `layer_work_s`, when given,
+    is a per-layer lower bound on device-seconds (time x devices) used to
+    skip hopeless `t_max` values.
+    """
+
+    meshes: tuple[MeshChoice, ...]
+    time_s: np.ndarray
+    update_s: np.ndarray
+    state_bytes: np.ndarray
+    activation_bytes: np.ndarray
+    layer_work_s: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        shape = (self.num_layers + 1, self.num_layers + 1, len(self.meshes))
+        for name in ("time_s", "update_s", "state_bytes", "activation_bytes"):
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"StageCostTable.{name} must have shape {shape}, got {getattr(self, name).shape}")
+
+    @property
+    def num_layers(self) -> int:
+        return self.time_s.shape[0] - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class StageConstraints:
+    """Pins in DP terms: cuts that must or must not be, a stage count, allowed meshes per stage."""
+
+    required_cuts: tuple[int, ...] = ()
+    forbidden_cuts: tuple[int, ...] = ()
+    num_stages: int | None = None
+    stage_meshes: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StageChoice:
+    """One stage of the solution: layers [start, stop) on mesh choice `mesh`."""
+
+    start: int
+    stop: int
+    mesh: int
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSolution:
+    """The DP's answer: stages in order, the latency it minimised and how it searched."""
+
+    stages: tuple[StageChoice, ...]
+    objective_s: float
+    t_max_s: float
+    candidates_tried: int
+    candidates_total: int
+
+
+class NoStagePlanError(ValueError):
+    """No slicing and mesh assignment satisfies the constraints and the memory limit."""
+
+
+def pipeline_latency(
+    times: Sequence[float], updates: Sequence[float], num_microbatches: int
+) -> float:
+    """sum(t_i + u_i) + (B - 1) * max(t_i): the objective the DP minimises."""
+    return float(sum(times) + sum(updates) + (num_microbatches - 1) * max(times))
+
+
+def in_flight(stage: int, num_stages: int, num_microbatches: int, schedule: ScheduleKind) -> int:
+    """Microbatches whose activations stage `stage` of `num_stages` keeps at once."""
+    if schedule == "gpipe":
+        return num_microbatches
+    return min(num_stages - stage, num_microbatches)
+
+
+def solve_stages(
+    table: StageCostTable,
+    num_devices: int,
+    num_microbatches: int,
+    schedule: ScheduleKind = "1f1b",
+    memory_limit_bytes: float = math.inf,
+    constraints: StageConstraints = StageConstraints(),
+    tolerance: float = 0.0,
+    on_candidate: Callable[[int, int], None] | None = None,
+    prefer: Sequence[StageChoice] = (),
+) -> StageSolution:
+    """Slice the layers into stages on meshes covering exactly `num_devices`, minimising latency.
+
+    `tolerance` > 0 skips `t_max` values within that relative distance of the
+    last one tried (Alpa's speed-up; 0 keeps the search exact).
+    `on_candidate(tried, total)` reports progress.  Among (near-)equal
+    solutions the DP keeps the stages listed in `prefer` (e.g. the previous
+    plan's), so a new pin moves only what it must.
+
+    Raises `NoStagePlanError` when nothing fits.
+    """
+    if schedule not in ("1f1b", "gpipe"):
+        raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    problem = _Problem.build(table, num_devices, num_microbatches, schedule, memory_limit_bytes, constraints)
+    problem.prefer(prefer)
+    candidates = problem.candidates()
+    if candidates.size == 0:
+        raise NoStagePlanError("no stage candidate fits the memory limit and the cut pins")
+    loose = problem.run(candidates[-1])
+    if not math.isfinite(loose.value):
+        raise NoStagePlanError(
+            f"no slicing of {table.num_layers} layers into stages covering {num_devices} devices fits "
+            f"the constraints and the memory limit of {memory_limit_bytes / 2**30:.2f} GiB per device"
+        )
+    # Feasibility grows with t_max: bisect for the smallest feasible candidate.
+    lo, hi = int(np.searchsorted(candidates, problem.work_bound(), side="left")), candidates.size - 1
+    lo = min(lo, hi)
+    tried = 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        tried += 1
+        if math.isfinite(problem.run(candidates[mid]).value):
+            hi = mid
+        else:
+            lo = mid + 1
+    best = _Best(math.inf, math.inf, None)
+    floor = loose.value  # the least possible sum, whatever t_max
+    last = -math.inf
+    for index in range(lo, candidates.size):
+        t_max = float(candidates[index])
+        if floor + (num_microbatches - 1) * t_max >= best.objective:
+            break
+        if tolerance > 0 and t_max < last * (1 + tolerance):
+            continue
+        last = t_max
+        tried += 1
+        result = problem.run(t_max)
+        objective = result.value + (num_microbatches - 1) * t_max
+        if objective < best.objective:
+            best = _Best(objective, t_max, result.n_total)
+        if on_candidate is not None:
+            on_candidate(tried, candidates.size)
+    final = problem.run(best.t_max, track=True, only_n=best.n_total)
+    stages = problem.trace_back(final)
+    times = [float(table.time_s[s.start, s.stop, s.mesh]) for s in stages]
+    updates = [float(table.update_s[s.start, s.stop, s.mesh]) for s in stages]
+    return StageSolution(
+        stages=stages,
+        objective_s=pipeline_latency(times, updates, num_microbatches),
+        t_max_s=max(times),
+        candidates_tried=tried,
+        candidates_total=int(candidates.size),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Best:
+    objective: float
+    t_max: float
+    n_total: int | None
+
+
+@dataclasses.dataclass
+class _RunResult:
+    value: float
+    n_total: int | None
+    choices: list | None = None
+
+
+@dataclasses.dataclass
+class _Problem:
+    """The DP's arrays, prepared once and reused for every `t_max`."""
+
+    table: StageCostTable
+    num_devices: int
+    num_microbatches: int
+    schedule: ScheduleKind
+    sum_cost: np.ndarray  # time + update, inf where the range is not allowed
+    max_in_flight: np.ndarray  # how many microbatches of activations fit beside the state
+    groups: tuple[tuple[int, np.ndarray], ...]  # (devices, mesh indices)
+    max_stages: int
+    constraints: StageConstraints
+
+    @classmethod
+    def build(cls, table, num_devices, num_microbatches, schedule, memory_limit, constraints) -> "_Problem":
+        num_layers = table.num_layers
+        allowed = np.zeros((num_layers + 1, num_layers + 1), bool)
+        for k in range(num_layers):
+            allowed[k, k + 1:] = True
+        required = [c for c in constraints.required_cuts if 0 < c < num_layers]
+        for cut in required:  # no stage may straddle a required cut
+            allowed[:cut, cut + 1:] = False
+        for cut in constraints.forbidden_cuts:
+            if 0 < cut < num_layers:
+                allowed[cut, :] = False
+                allowed[:, cut] = False
+        sum_cost = np.where(allowed[:, :, None], table.time_s + table.update_s, np.inf)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            free = np.where(np.isfinite(table.state_bytes), memory_limit - table.state_bytes, -np.inf)
+            fit = np.where(table.activation_bytes > 0, np.floor(free / table.activation_bytes), np.inf)
+        max_in_flight = np.where(free >= 0, fit, -1.0)
+        sum_cost = np.where(max_in_flight >= 1, sum_cost, np.inf)
+        devices = np.array([m.num_devices for m in table.meshes])
+        groups = tuple((int(c), np.flatnonzero(devices == c)) for c in sorted(set(devices.tolist())))
+        max_stages = min(num_layers, num_devices)
+        if constraints.num_stages is not None:
+            max_stages = min(max_stages, constraints.num_stages)
+        return cls(table, num_devices, num_microbatches, schedule, sum_cost, max_in_flight, groups,
+                   max_stages, constraints)
+
+    def prefer(self, stages: Sequence[StageChoice]) -> None:
+        """Make every stage not in `stages` a hair dearer, so ties keep the preferred ones."""
+        if not stages:
+            return
+        finite = self.sum_cost[np.isfinite(self.sum_cost)]
+        if finite.size == 0:
+            return
+        penalty = np.full(self.sum_cost.shape, 1e-9 * float(finite.max()))
+        for s in stages:
+            if 0 <= s.start < s.stop <= self.table.num_layers and 0 <= s.mesh < len(self.table.meshes):
+                penalty[s.start, s.stop, s.mesh] = 0.0
+        self.sum_cost = self.sum_cost + penalty
+
+    def candidates(self) -> np.ndarray:
+        finite = self.table.time_s[np.isfinite(self.sum_cost)]
+        return np.unique(finite)
+
+    def work_bound(self) -> float:
+        """A lower bound on t_max from the device-seconds every layer needs."""
+        if self.table.layer_work_s is None:
+            return 0.0
+        return float(np.sum(self.table.layer_work_s)) / self.num_devices
+
+    def run(self, t_max: float, track: bool = False, only_n: int | None = None) -> _RunResult:
+        """Least sum of stage costs with every stage under `t_max` (inf when none)."""
+        c = self.constraints
+        if c.stage_meshes and c.num_stages is None:
+            # A mesh pinned on stage k only holds in plans of more than k stages.
+            fewest = max(stage for stage, _ in c.stage_meshes) + 1
+            totals = [only_n] if only_n is not None else list(range(fewest, self.max_stages + 1))
+            best = _RunResult(math.inf, None)
+            for n_total in totals:
+                result = self._run_fixed(t_max, n_total, track)
+                if result.value < best.value:
+                    best = result
+            return best
+        return self._run_fixed(t_max, c.num_stages, track)
+
+    def _run_fixed(self, t_max: float, n_total: int | None, track: bool) -> _RunResult:
+        num_layers, devices, B = self.table.num_layers, self.num_devices, self.num_microbatches
+        under = self.table.time_s <= t_max
+        stage_meshes = dict(self.constraints.stage_meshes)
+        previous = np.full((num_layers + 1, devices + 1), np.inf)
+        previous[num_layers, 0] = 0.0
+        best, best_n = math.inf, None
+        choices: list = []
+        last_s = n_total if n_total is not None else self.max_stages
+        for s in range(1, last_s + 1):
+            q = B if self.schedule == "gpipe" else min(s, B)
+            cost = np.where(under & (self.max_in_flight >= q), self.sum_cost, np.inf)
+            if n_total is not None and (n_total - s) in stage_meshes:
+                keep = np.zeros(len(self.table.meshes), bool)
+                keep[list(stage_meshes[n_total - s])] = True
+                cost = np.where(keep[None, None, :], cost, np.inf)
+            current, choice = self._step(cost, previous, track)
+            choices.append(choice)
+            if n_total is None or s == n_total:
+                if current[0, devices] < best:
+                    best, best_n = float(current[0, devices]), s
+            previous = current
+            if not np.isfinite(current).any():
+                break
+        if n_total is not None:
+            best_n = n_total if math.isfinite(best) else None
+        return _RunResult(best, best_n, choices if track else None)
+
+    def _step(self, cost: np.ndarray, previous: np.ndarray, track: bool):
+        """One more stage in front: F[k, d] = min_{j, m} cost[k, j, m] + F_prev[j, d - devices(m)]."""
+        num_layers, devices = self.table.num_layers, self.num_devices
+        current = np.full((num_layers + 1, devices + 1), np.inf)
+        best_j = np.zeros(current.shape, np.int64) if track else None
+        best_m = np.zeros(current.shape, np.int64) if track else None
+        for size, members in self.groups:
+            if size > devices:
+                continue
+            group_cost = cost[:, :, members]
+            per_range = group_cost.min(axis=2)  # (k, j)
+            shifted = np.full_like(previous, np.inf)
+            shifted[:, size:] = previous[:, : devices + 1 - size]
+            total = per_range[:, :, None] + shifted[None, :, :]  # (k, j, d)
+            if not track:
+                np.minimum(current, total.min(axis=1), out=current)
+                continue
+            j_best = total.argmin(axis=1)
+            value = np.take_along_axis(total, j_best[:, None, :], axis=1)[:, 0, :]
+            better = value < current
+            current = np.where(better, value, current)
+            if track:
+                k_index = np.arange(num_layers + 1)[:, None]
+                m_best = members[group_cost.argmin(axis=2)][k_index, j_best]
+                best_j = np.where(better, j_best, best_j)
+                best_m = np.where(better, m_best, best_m)
+        return current, ((best_j, best_m) if track else None)
+
+    def trace_back(self, result: _RunResult) -> tuple[StageChoice, ...]:
+        n = result.n_total
+        if n is None or result.choices is None:
+            raise NoStagePlanError("the stage DP found no solution to trace back")
+        stages = []
+        k, d = 0, self.num_devices
+        for s in range(n, 0, -1):
+            best_j, best_m = result.choices[s - 1]
+            j, m = int(best_j[k, d]), int(best_m[k, d])
+            stages.append(StageChoice(k, j, m))
+            k, d = j, d - self.table.meshes[m].num_devices
+        if k != self.table.num_layers or d != 0:
+            raise NoStagePlanError(f"the stage DP traced back to layer {k} with {d} devices left")
+        return tuple(stages)
+
+
+def is_feasible(
+    table: StageCostTable,
+    num_devices: int,
+    num_microbatches: int,
+    schedule: ScheduleKind = "1f1b",
+    memory_limit_bytes: float = math.inf,
+    constraints: StageConstraints = StageConstraints(),
+) -> bool:
+    """Whether any slicing and mesh assignment satisfies the constraints and the memory limit."""
+    problem = _Problem.build(table, num_devices, num_microbatches, schedule, memory_limit_bytes, constraints)
+    return math.isfinite(problem.run(math.inf).value)

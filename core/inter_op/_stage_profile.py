@@ -1,0 +1,380 @@
+"""Stage profiles: the cost of every layer on every mesh choice, cached by structure.
+
+Profiling is the expensive part of planning (one intra-op ILP per layer and
+mesh), so results are kept in an explicit `StageProfileCache` keyed by the
+*structure* of a layer's sub-graph (primitives, shapes and wiring, not node
+names), the logical mesh and its links, the device, the cost model, the
+stage-cost function and the intra-op pins that touch the layer.  The middle
+blocks of a GPT are then profiled once per mesh, and re-solving after a pin
+reuses everything the pin does not touch.
+
+Approximation: a stage's cost is the sum of its layers' costs on the stage's
+mesh plus the transfers that cross its boundaries (`send_recv` of the
+activations in, and of the gradients coming back); resharding between two
+layers of the same stage is not counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from alpaviz.core.cost import Cluster, CostModel, Link
+from alpaviz.core.graph import OpGraph, cut_bytes
+from alpaviz.core.inter_op._stage_cost import StageCostFn
+from alpaviz.core.inter_op._stage_dp import MeshChoice, StageCostTable
+from alpaviz.core.plan import Pins, ShardingPlan, Spec
+
+ProgressFn = Callable[[int, int], None]
+
+
+def mesh_choices(cluster: Cluster, submeshes: Sequence[tuple[int, int]] | None = None) -> tuple[MeshChoice, ...]:
+    """Every (submesh, logical shape) pair the DP may pick: Alpa's submesh shapes by default."""
+    shapes = cluster.submesh_shapes() if submeshes is None else tuple(submeshes)
+    return tuple(MeshChoice(s, shape) for s in shapes for shape in cluster.logical_shapes(s))
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerView:
+    """One layer's operators and tensors in a canonical order, and its structural signature."""
+
+    index: int
+    nodes: tuple[str, ...]
+    tensors: tuple[str, ...]
+    signature: str
+    flops: float
+
+
+def layer_views(graph: OpGraph) -> tuple[LayerView, ...]:
+    """The layers of `graph`, each with a name-independent signature of its sub-graph."""
+    members: list[list[str]] = [[] for _ in range(graph.num_layers)]
+    for node in graph.nodes:
+        members[node.layer].append(node.name)
+    return tuple(_view(graph, i, tuple(names)) for i, names in enumerate(members))
+
+
+def _view(graph: OpGraph, index: int, names: tuple[str, ...]) -> LayerView:
+    inside = set(names)
+    position: dict[str, int] = {}
+    entries = []
+    outputs = set(graph.outputs)
+    for name in names:
+        node = graph.node(name)
+        refs = []
+        for t in node.inputs:
+            if t not in position:
+                position[t] = len(position)
+                info = graph.tensor(t)
+                entries.append(("in", info.shape, info.dtype, info.kind))
+            refs.append(position[t])
+        for t in node.outputs:
+            position[t] = len(position)
+            info = graph.tensor(t)
+            leaves = t in outputs or any(c not in inside for c in graph.consumers.get(t, ()))
+            entries.append(("out", info.shape, info.dtype, leaves))
+        params = node.params
+        if node.primitive == "layer_boundary":  # the marker's name differs per layer
+            params = tuple(p for p in params if p[0] != "name")
+        entries.append((node.role, node.primitive, params, tuple(refs)))
+    signature = hashlib.sha256(repr(entries).encode()).hexdigest()[:20]
+    flops = float(sum(graph.node(n).flops for n in names))
+    return LayerView(index, names, tuple(position), signature, flops)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerProfile:
+    """Cost of one layer on one logical mesh, with its shardings by position in the layer.
+
+    Times are per microbatch (`update_s` per step); memory per device:
+    `state_bytes` for parameters, gradients and optimizer state,
+    `activation_bytes` for what one microbatch keeps for the backward pass.
+    """
+
+    forward_s: float
+    backward_s: float
+    update_s: float
+    compute_s: float
+    communication_s: float
+    resharding_s: float
+    state_bytes: float
+    activation_bytes: float
+    strategies: tuple[tuple[int, str], ...] = ()
+    partition_specs: tuple[tuple[int, Spec], ...] = ()
+    status: str = "optimal"
+    feasible: bool = True
+    reason: str = ""
+
+    @property
+    def time_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    @classmethod
+    def infeasible(cls, reason: str) -> "LayerProfile":
+        inf = float("inf")
+        return cls(inf, inf, inf, inf, inf, inf, inf, inf, feasible=False, status="heuristic", reason=reason)
+
+    @classmethod
+    def from_sharding(cls, plan: ShardingPlan, view: LayerView) -> "LayerProfile":
+        node_pos = {n: i for i, n in enumerate(view.nodes)}
+        tensor_pos = {t: i for i, t in enumerate(view.tensors)}
+        c = plan.cost
+        return cls(
+            forward_s=c.forward_s, backward_s=c.backward_s, update_s=c.update_s,
+            compute_s=c.compute_s, communication_s=c.communication_s, resharding_s=c.resharding_s,
+            state_bytes=max(c.memory_bytes - c.activation_bytes, 0.0), activation_bytes=c.activation_bytes,
+            strategies=tuple((node_pos[n], s) for n, s in plan.strategies if n in node_pos),
+            partition_specs=tuple((tensor_pos[t], s) for t, s in plan.partition_specs if t in tensor_pos),
+            status=plan.status,
+        )
+
+    def named_strategies(self, view: LayerView) -> tuple[tuple[str, str], ...]:
+        return tuple((view.nodes[i], s) for i, s in self.strategies)
+
+    def named_specs(self, view: LayerView) -> tuple[tuple[str, Spec], ...]:
+        return tuple((view.tensors[i], s) for i, s in self.partition_specs)
+
+
+class StageProfileCache:
+    """Layer profiles keyed by structure and mesh; pass the same object to every re-solve.
+
+    Example:
+        >>> cache = av.StageProfileCache()
+        >>> plan = av.solve(graph, cluster=cluster, cache=cache)
+        >>> plan2 = av.solve(graph, cluster=cluster, pins=plan.pins.with_cut(3), cache=cache)  # fast
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, LayerProfile] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple) -> LayerProfile | None:
+        found = self._entries.get(key)
+        if found is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return found
+
+    def put(self, key: tuple, profile: LayerProfile) -> None:
+        self._entries[key] = profile
+
+    def __getitem__(self, key: tuple) -> LayerProfile:
+        """A stored profile, without counting a hit or a miss."""
+        return self._entries[key]
+
+    def __repr__(self) -> str:
+        return f"StageProfileCache({len(self)} profiles, {self.hits} hits, {self.misses} misses)"
+
+
+def _layer_pins(pins: Pins, view: LayerView) -> tuple[tuple, Pins]:
+    """The intra-op pins touching `view`, positionally (for the key) and by name (for the solver)."""
+    nodes = {n: i for i, n in enumerate(view.nodes)}
+    tensors = {t: i for i, t in enumerate(view.tensors)}
+    strategies = tuple((n, s) for n, s in pins.strategies if n in nodes)
+    specs = tuple((t, s) for t, s in pins.partition_specs if t in tensors)
+    key = (tuple((nodes[n], s) for n, s in strategies), tuple((tensors[t], s) for t, s in specs))
+    return key, Pins(strategies=strategies, partition_specs=specs)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileTable:
+    """Every layer's profile on every mesh choice, and the bytes crossing each layer boundary."""
+
+    layers: tuple[LayerView, ...]
+    meshes: tuple[MeshChoice, ...]
+    profiles: tuple[tuple[LayerProfile, ...], ...]  # [layer][mesh]
+    forward_cut_bytes: tuple[float, ...]  # [cut] activations sent forward across cut
+    backward_cut_bytes: tuple[float, ...]  # [cut] gradients sent back across cut
+    profiled: int = 0  # cost-function calls made (cache misses)
+
+
+def profile_layers(
+    graph: OpGraph,
+    cluster: Cluster,
+    cost_model: CostModel,
+    pins: Pins,
+    meshes: Sequence[MeshChoice],
+    cost_fn: StageCostFn,
+    cache: StageProfileCache,
+    on_profile: ProgressFn | None = None,
+    workers: int = 1,
+    variants: Sequence[tuple[MeshChoice, Pins]] = (),
+    num_microbatches: int = 1,
+) -> ProfileTable:
+    """Profile each distinct (layer structure, intra-op pins) on each mesh, reusing `cache`.
+
+    `workers` > 1 runs the cost function in that many spawned processes
+    (worth it when there are dozens of ILPs to solve, e.g. GPT-39B).
+    `variants` are extra sharding pins tried on one mesh (the user's pins
+    win where both pin a tensor); a layer keeps whichever profile has the
+    lower `num_microbatches * (forward + backward) + update`.  The ILP
+    weighs a step's update like one microbatch, so e.g. pure data
+    parallelism pinned can beat its free choice at many microbatches
+    (memory is not compared: the cheaper profile is kept even if it needs more).
+    """
+    views = layer_views(graph)
+    fn_key = getattr(cost_fn, "cache_key", cost_fn)
+    jobs: dict[tuple, tuple[LayerView, Pins, MeshChoice]] = {}
+    keys: list[list[list[tuple]]] = []
+    extra = {choice: list(p for c, p in variants if c == choice) for choice, _ in variants}
+    for view in views:
+        pin_key, layer_pins = _layer_pins(pins, view)
+        row = []
+        for choice in meshes:
+            mesh = cluster.logical_mesh(choice.submesh, choice.logical_shape)
+            options = [(pin_key, layer_pins)]
+            for variant in extra.get(choice, ()):
+                merged = _merge_pins(pins, variant)
+                options.append(_layer_pins(merged, view))
+            cell = []
+            for option_key, option_pins in dict(options).items():
+                key = (view.signature, option_key, choice.logical_shape, mesh.axis_links, cluster.device,
+                       cost_model, fn_key)
+                cell.append(key)
+                if key not in jobs and cache.get(key) is None:
+                    jobs[key] = (view, option_pins, choice)
+            row.append(cell)
+        keys.append(row)
+    items = [(view.nodes, layer_pins, choice) for view, layer_pins, choice in jobs.values()]
+    if workers > 1 and len(items) >= 4 * workers:
+        results = _profile_in_processes(graph, cluster, cost_model, cost_fn, items, workers, on_profile)
+    else:
+        results = []
+        for done, item in enumerate(items, start=1):
+            results.append(_profile_one(graph, cluster, cost_model, cost_fn, *item))
+            if on_profile is not None:
+                on_profile(done, len(items))
+    for (key, (view, _, _)), result in zip(jobs.items(), results):
+        plan_or_error = result
+        if isinstance(plan_or_error, str):
+            cache.put(key, LayerProfile.infeasible(plan_or_error))
+        else:
+            cache.put(key, LayerProfile.from_sharding(plan_or_error, view))
+    def best(cell: list[tuple]) -> LayerProfile:
+        found = [cache[k] for k in cell]
+        usable = [p for p in found if p.feasible] or found[:1]
+        return min(usable, key=lambda p: num_microbatches * p.time_s + p.update_s)
+
+    profiles = tuple(tuple(best(cell) for cell in row) for row in keys)
+    forward, backward = cut_bytes(graph)
+    return ProfileTable(views, tuple(meshes), profiles, forward, backward, len(jobs))
+
+
+def _merge_pins(pins: Pins, variant: Pins) -> Pins:
+    """The user's intra-op pins plus a variant's on tensors and operators the user left free."""
+    specs = dict(variant.partition_specs) | dict(pins.partition_specs)
+    strategies = dict(variant.strategies) | dict(pins.strategies)
+    return Pins(strategies=tuple(strategies.items()), partition_specs=tuple(specs.items()))
+
+
+def _profile_one(graph, cluster, cost_model, cost_fn, nodes, layer_pins, choice) -> ShardingPlan | str:
+    """One cost-function call; a ValueError (cannot run there) comes back as its message."""
+    mesh = cluster.logical_mesh(choice.submesh, choice.logical_shape)
+    try:
+        return cost_fn(graph, mesh, cluster, cost_model, layer_pins, nodes=nodes)
+    except ValueError as err:
+        return str(err)
+
+
+# Per worker process: the graph and the cost function, set once by the pool's initializer.
+_WORKER_STATE: dict[str, object] = {}
+
+
+def _init_worker(graph, cluster, cost_model, cost_fn) -> None:
+    _WORKER_STATE.update(graph=graph, cluster=cluster, cost_model=cost_model, cost_fn=cost_fn)
+
+
+def _worker_job(item) -> ShardingPlan | str:
+    w = _WORKER_STATE
+    return _profile_one(w["graph"], w["cluster"], w["cost_model"], w["cost_fn"], *item)
+
+
+def _profile_in_processes(graph, cluster, cost_model, cost_fn, items, workers, on_profile) -> list:
+    """Run the jobs in spawned processes; the graph travels once per worker, without JAX objects."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    light = dataclasses.replace(
+        graph,
+        nodes=tuple(dataclasses.replace(n, jax_primitive=None, jax_params=None) for n in graph.nodes),
+        in_tree=None, out_tree=None, constants=None,
+    )
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
+                             initargs=(light, cluster, cost_model, cost_fn)) as pool:
+        results = []
+        for done, result in enumerate(pool.map(_worker_job, items, chunksize=1), start=1):
+            results.append(result)
+            if on_profile is not None:
+                on_profile(done, len(items))
+    return results
+
+
+def boundary_link(cluster: Cluster, submesh: tuple[int, int]) -> Link:
+    """The link a stage's boundary transfers use.
+
+    A stage filling whole hosts talks to its neighbours over the network
+    (when there is more than one host); a stage inside one host is packed
+    next to its neighbours, so its transfers are taken to stay on the host.
+    """
+    if cluster.num_hosts > 1 and submesh[1] == cluster.devices_per_host:
+        return cluster.inter_host
+    return cluster.intra_host
+
+
+def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostModel) -> StageCostTable:
+    """Sum layer profiles over every layer range and add the boundary transfers."""
+    num_layers, num_meshes = len(table.layers), len(table.meshes)
+
+    def grid(field: str) -> np.ndarray:
+        values = np.zeros((num_layers, num_meshes))
+        for l, row in enumerate(table.profiles):
+            for m, p in enumerate(row):
+                values[l, m] = getattr(p, field) if p.feasible else 0.0
+        return values
+
+    bad = np.array([[not p.feasible for p in row] for row in table.profiles], float).reshape(num_layers, num_meshes)
+
+    def range_sums(values: np.ndarray) -> np.ndarray:
+        prefix = np.concatenate([np.zeros((1, num_meshes)), np.cumsum(values, axis=0)])
+        return prefix[None, :, :] - prefix[:, None, :]  # [k, j, m] = sum over [k, j)
+
+    blocked = range_sums(bad) > 0
+    valid = np.triu(np.ones((num_layers + 1, num_layers + 1), bool), k=1)[:, :, None] & ~blocked
+    recv = np.zeros((num_layers + 1, num_layers + 1, num_meshes))
+    for m, choice in enumerate(table.meshes):
+        link = boundary_link(cluster, choice.submesh)
+        into = np.array([cost_model.send_recv(b, link) for b in table.forward_cut_bytes])
+        back = np.array([cost_model.send_recv(b, link) for b in table.backward_cut_bytes])
+        back[num_layers] = into[0] = 0.0
+        recv[:, :, m] = into[:, None] + back[None, :]
+    inf = np.inf
+
+    def finish(values: np.ndarray) -> np.ndarray:
+        return np.where(valid, values, inf)
+
+    time = grid("forward_s") + grid("backward_s")
+    work = np.where(bad > 0, inf, time * np.array([m.num_devices for m in table.meshes])[None, :]).min(axis=1)
+    return StageCostTable(
+        meshes=table.meshes,
+        time_s=finish(range_sums(time) + recv),
+        update_s=finish(range_sums(grid("update_s"))),
+        state_bytes=finish(range_sums(grid("state_bytes"))),
+        activation_bytes=finish(range_sums(grid("activation_bytes"))),
+        layer_work_s=np.where(np.isfinite(work), work, 0.0),
+    )
+
+
+def stage_breakdown(table: ProfileTable, start: int, stop: int, mesh: int) -> Mapping[str, float]:
+    """Summed layer figures of one stage (for the plan's per-stage costs)."""
+    rows = [table.profiles[l][mesh] for l in range(start, stop)]
+    fields = ("forward_s", "backward_s", "update_s", "compute_s", "communication_s", "resharding_s",
+              "state_bytes", "activation_bytes")
+    return {f: float(sum(getattr(p, f) for p in rows)) for f in fields}

@@ -1,0 +1,20 @@
+"""The intra-operator pass: one sharding strategy per operator on a logical mesh, chosen by an ILP.
+
+This module only re-exports: the names other passes and users may rely on.
+"""
+
+from alpaviz.core.intra_op._strategies import strategy_names as strategy_names
+from alpaviz.core.intra_op._solve_sharding import ShardingInfeasibleError as ShardingInfeasibleError
+from alpaviz.core.intra_op._solve_sharding import collective_counts as collective_counts
+from alpaviz.core.intra_op._solve_sharding import solve_sharding as solve_sharding
+from alpaviz.core.intra_op._solve_sharding import solve_sharding_auto as solve_sharding_auto
+from alpaviz.core.intra_op._apply_sharding import shard_step as shard_step
+
+__all__ = [
+    "collective_counts",
+    "shard_step",
+    "ShardingInfeasibleError",
+    "solve_sharding",
+    "solve_sharding_auto",
+    "strategy_names",
+]

@@ -1,0 +1,69 @@
+"""The cost of converting a tensor from one sharding to another.
+
+Per mesh axis: a split that appears is a free local slice, a split that
+disappears is an all-gather, and a split that moves to another dim is an
+all-to-all.  The all-to-alls run first, while the data is still split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from alpaviz.core.cost import CostModelProtocol, LogicalMesh
+from alpaviz.core.plan import Spec
+
+
+@dataclasses.dataclass(frozen=True)
+class Resharding:
+    """The collectives one conversion needs: axes gathered and axes moved between dims."""
+
+    gather_axes: tuple[str, ...]
+    all_to_all_axes: tuple[str, ...]
+
+    @property
+    def is_free(self) -> bool:
+        return not self.gather_axes and not self.all_to_all_axes
+
+
+def plan_resharding(src: Spec, dst: Spec) -> Resharding:
+    """Which axes must be gathered or moved to go from `src` to `dst`."""
+    removed: set[str] = set()
+    added: set[str] = set()
+    for s_axes, d_axes in zip(src, dst):
+        keep = 0
+        while keep < min(len(s_axes), len(d_axes)) and s_axes[keep] == d_axes[keep]:
+            keep += 1
+        removed.update(s_axes[keep:])
+        added.update(d_axes[keep:])
+    moved = removed & added
+    return Resharding(tuple(sorted(removed - moved)), tuple(sorted(moved)))
+
+
+def resharding_cost(nbytes: float, src: Spec | None, dst: Spec | None, mesh: LogicalMesh,
+                    cost_model: CostModelProtocol) -> float:
+    """Seconds to turn a tensor of `nbytes` (full size) sharded as `src` into `dst`.
+
+    None on either side means "free" (a constant, or an operand that takes
+    any sharding) and costs nothing.
+    """
+    if src is None or dst is None or src == dst:
+        return 0.0
+    plan = plan_resharding(src, dst)
+    if plan.is_free:
+        return 0.0
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    per_device = nbytes / math.prod(sizes[a] for axes in src for a in axes)
+    cost = 0.0
+    if plan.all_to_all_axes:
+        n = math.prod(sizes[a] for a in plan.all_to_all_axes)
+        cost += cost_model.all_to_all(per_device * n, mesh, _ids(mesh, plan.all_to_all_axes))
+    if plan.gather_axes:
+        n = math.prod(sizes[a] for a in plan.gather_axes)
+        cost += cost_model.all_gather(per_device * n, mesh, _ids(mesh, plan.gather_axes))
+    return cost
+
+
+def _ids(mesh: LogicalMesh, axes: tuple[str, ...]) -> int | tuple[int, ...]:
+    ids = tuple(mesh.axis_names.index(a) for a in axes)
+    return ids[0] if len(ids) == 1 else ids

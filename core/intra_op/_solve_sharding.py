@@ -1,0 +1,459 @@
+"""The intra-operator pass: choose every operator's sharding on one logical mesh.
+
+`solve_sharding` enumerates strategies (`_strategies`), merges follower
+operators into their anchors (`_simplify`), prices resharding between them
+(`_resharding`) and solves the one-hot ILP (`_sharding_ilp`) for the least
+compute + communication + resharding time, under the user's pins and an
+optional per-device memory limit.  Pinning every operator turns it into an
+exact cost evaluator for that assignment.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+from alpaviz.core.cost import Cluster, CostModel, CostModelProtocol, LogicalMesh
+from alpaviz.core.graph import OpGraph, trace
+from alpaviz.core.intra_op._dim_labels import IDENTITY
+from alpaviz.core.intra_op._resharding import plan_resharding, resharding_cost
+from alpaviz.core.intra_op._sharding_ilp import Equal, IlpProblem, PairCost, _feasible_fixed, evaluate, solve
+from alpaviz.core.intra_op._simplify import Simplified, simplify
+from alpaviz.core.intra_op._strategies import (
+    NAMING_DEVICE, enumerate_strategies, shard_bytes, strategy_names, tensor_bytes,
+)
+from alpaviz.core.plan import Pins, ShardingCost, ShardingPlan, Spec, check_spec, replicated, spec_name
+
+__all__ = ["ShardingInfeasibleError", "collective_counts", "parameter_aliases", "solve_sharding",
+           "solve_sharding_auto", "strategy_names"]
+
+
+class ShardingInfeasibleError(ValueError):
+    """No sharding satisfies the pins (or the memory limit); the message names which.
+
+    `min_memory_bytes` is set when the memory limit is the cause: the least
+    per-device memory any sharding (under the pins) needs.
+    """
+
+    min_memory_bytes: float | None = None
+
+    @classmethod
+    def memory(cls, need: float, message: str) -> "ShardingInfeasibleError":
+        err = cls(message)
+        err.min_memory_bytes = need
+        return err
+
+
+def solve_sharding(
+    graph: OpGraph,
+    mesh: LogicalMesh,
+    cluster: Cluster,
+    cost_model: CostModelProtocol = CostModel(),
+    pins: Pins = Pins(),
+    *,
+    nodes: Sequence[str] | None = None,
+    memory_limit_bytes: float | None = None,
+    time_limit_s: float = 60.0,
+    merge_followers: bool = True,
+) -> ShardingPlan:
+    """The cheapest sharding of `graph` (or the sub-graph `nodes`) on `mesh`.
+
+    Tensors that `nodes` read but do not produce are inputs of the
+    sub-problem.  `merge_followers=False` gives every operator its own ILP
+    variable (exact over all assignments, slower).
+
+    Example:
+        >>> mesh = cluster.logical_mesh((1, 4), (2, 2))
+        >>> plan = solve_sharding(graph, mesh, cluster)
+        >>> plan.strategy_map["n12_dot_general"]
+        'S0R = S0R x RR'
+    """
+    start = time.perf_counter()
+    node_names = _subset(graph, nodes)
+    _check_pins(graph, pins, mesh, set(node_names))
+    pinned = frozenset(n for n in pins.strategy_map if n in set(node_names))
+    simp = simplify(graph, node_names, mesh, cost_model, cluster.device, pinned, merge_followers)
+    problem, restrictions, kept = _assemble(graph, simp, mesh, cost_model, pins, memory_limit_bytes)
+    result = solve(problem, time_limit_s)
+    if result.status == "no_solution":
+        result = _fallback(problem, result)
+    if result.status == "no_solution":
+        raise ValueError(
+            f"the sharding ILP found no assignment within time_limit_s={time_limit_s} "
+            f"({len(simp.groups)} decision groups, {result.num_variables} variables); raise time_limit_s"
+        )
+    if result.choice is None:
+        raise _diagnose(problem, restrictions, memory_limit_bytes, time_limit_s, mesh)
+    return _plan(graph, simp, mesh, cost_model, problem, kept, result, time.perf_counter() - start)
+
+
+def solve_sharding_auto(
+    graph_or_fn: OpGraph | Callable[..., Any],
+    *args: Any,
+    mesh_shape: tuple[int, int] = (1, 1),
+    cluster: Cluster | None = None,
+    cost_model: CostModelProtocol | None = None,
+    pins: Pins | None = None,
+    memory_limit: float | None = None,
+    time_limit_s: float = 60.0,
+) -> ShardingPlan:
+    """Trace if needed, build the `(r, c)` logical mesh on the cluster, and solve (`av.solve_sharding`).
+
+    Example:
+        >>> plan = av.solve_sharding(train_step, params, batch, mesh_shape=(2, 2))
+    """
+    graph = graph_or_fn if isinstance(graph_or_fn, OpGraph) else _trace(graph_or_fn, args)
+    cluster = cluster if cluster is not None else Cluster.local()
+    r, c = (int(v) for v in mesh_shape)
+    if r < 1 or c < 1:
+        raise ValueError(f"mesh_shape must be two positive ints, got {mesh_shape!r}")
+    try:
+        mesh = cluster.logical_mesh((1, r * c), (r, c))
+    except ValueError as err:
+        raise ValueError(
+            f"mesh_shape {(r, c)} needs {r * c} devices of one host, but cluster {cluster.name!r} has "
+            f"{cluster.devices_per_host} per host ({err}); choose r*c <= {cluster.devices_per_host} "
+            f"dividing it, e.g. (1, {cluster.devices_per_host})"
+        ) from None
+    return solve_sharding(graph, mesh, cluster, cost_model or CostModel(), pins or Pins(),
+                          memory_limit_bytes=memory_limit, time_limit_s=time_limit_s)
+
+
+def _trace(fn: Callable[..., Any], args: tuple[Any, ...]) -> OpGraph:
+    if not args:
+        raise ValueError("pass example arguments after the function: solve_sharding(step, params, batch, ...)")
+    return trace(fn, *args)
+
+
+def parameter_aliases(graph: OpGraph) -> tuple[tuple[str, str], ...]:
+    """(state input, updated state output) pairs: the step's first argument and first result share a tree."""
+    try:
+        in_first, out_first = graph.in_tree.children()[0], graph.out_tree.children()[0]
+    except (AttributeError, IndexError, TypeError):
+        return ()
+    if in_first != out_first:
+        return ()
+    n = in_first.num_leaves
+    return tuple((i, o) for i, o in zip(graph.inputs[:n], graph.outputs[:n]) if i != o)
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+
+def _subset(graph: OpGraph, nodes: Sequence[str] | None) -> list[str]:
+    if nodes is None:
+        return [n.name for n in graph.nodes]
+    wanted = set(nodes)
+    unknown = sorted(wanted - set(graph.node_by_name))
+    if unknown:
+        raise ValueError(f"nodes {unknown[:5]} are not operators of graph {graph.name!r}")
+    return [n.name for n in graph.nodes if n.name in wanted]
+
+
+def _check_pins(graph: OpGraph, pins: Pins, mesh: LogicalMesh, subset: set[str]) -> None:
+    for node, strategy in pins.strategies:
+        if node not in graph.node_by_name:
+            raise ValueError(f"pinned operator {node!r} is not in graph {graph.name!r}; remove the pin")
+        if node not in subset:
+            continue
+        names = strategy_names(graph, node, mesh)
+        if strategy not in names:
+            shown = ", ".join(repr(n) for n in names[:12]) + (" ..." if len(names) > 12 else "")
+            raise ValueError(
+                f"pinned strategy {strategy!r} is not a strategy of {node} ({graph.node(node).primitive}) on "
+                f"mesh {mesh.shape}; choose one of {shown}"
+            )
+    for tensor, spec in pins.partition_specs:
+        if tensor not in graph.tensor_by_name:
+            raise ValueError(f"pinned tensor {tensor!r} is not in graph {graph.name!r}; remove the pin")
+        info = graph.tensor(tensor)
+        check_spec(info.shape, spec, mesh.shape, mesh.axis_names, what=f"pinned spec of {tensor}")
+
+
+# ---- problem assembly ---------------------------------------------------------------------
+
+
+def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostModelProtocol,
+              pins: Pins, memory_limit: float | None):
+    """Costs per group option, class-pair edge costs, alias constraints, memory rows and pin restrictions."""
+    unary = [[0.0] * g.num_options for g in simp.groups]
+    edges: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    reshard = _Resharder(graph, mesh, cost_model)
+    for name in simp.nodes:
+        if name not in simp.group_of_node:
+            continue
+        g = simp.group_of_node[name]
+        node, strategies, picks = graph.node(name), simp.strategies[name], simp.choice[name]
+        for k, j in enumerate(picks):
+            unary[g][k] += strategies[j].cost_s
+        for i, raw in enumerate(node.inputs):
+            t = simp.resolve(raw)
+            if simp.is_free(graph, t):
+                continue
+            h = simp.group_of_tensor[t]
+            if h == g:
+                for k, j in enumerate(picks):
+                    unary[g][k] += reshard(t, simp.tensor_specs[t][k], strategies[j].in_specs[i])
+            else:
+                edges.setdefault((t, g), []).append((name, i))
+    by_groups: dict[tuple[int, int], list[tuple[str, list[tuple[str, int]]]]] = {}
+    for (t, g), readers in edges.items():
+        by_groups.setdefault((simp.group_of_tensor[t], g), []).append((t, readers))
+    pairs = []
+    for (h, g), items in by_groups.items():
+        # One pair per group pair: classes are the tuples of specs across all its tensors.
+        have = tuple(zip(*(simp.tensor_specs[t] for t, _ in items)))
+        need = tuple(
+            tuple(tuple(simp.strategies[n][simp.choice[n][k]].in_specs[i] for n, i in readers)
+                  for _, readers in items)
+            for k in range(simp.groups[g].num_options)
+        )
+        cost = {}
+        for src in set(have):
+            for dst in set(need):
+                total = sum(reshard(t, s_t, d) for (t, _), s_t, d_t in zip(items, src, dst) for d in d_t)
+                if total > 0:
+                    cost[src, dst] = total
+        pairs.append(PairCost(h, g, have, need, cost))
+    equal = []
+    for param, updated in parameter_aliases(graph):
+        updated = simp.resolve(updated)
+        if param in simp.group_of_tensor and updated in simp.group_of_tensor and param != updated:
+            equal.append(Equal(simp.group_of_tensor[param], simp.group_of_tensor[updated],
+                               simp.tensor_specs[param], simp.tensor_specs[updated]))
+    restrictions = _restrictions(graph, simp, pins)
+    kept = _kept_tensors(graph, simp)
+    memory = [[0.0] * g.num_options for g in simp.groups]
+    for t in kept["all"]:
+        g = simp.group_of_tensor[t]
+        info = graph.tensor(t)
+        for k, spec in enumerate(simp.tensor_specs[t]):
+            memory[g][k] += shard_bytes(info, spec, mesh)
+    allowed = _allowed(simp, restrictions)
+    constant = sum(simp.strategies[n][0].cost_s for n in simp.constant_nodes)
+    problem = IlpProblem(tuple(map(tuple, unary)), allowed, tuple(pairs), tuple(equal),
+                         tuple(map(tuple, memory)), memory_limit, constant)
+    return problem, restrictions, kept
+
+
+class _Resharder:
+    """Memoised resharding costs for one problem (no global cache)."""
+
+    def __init__(self, graph: OpGraph, mesh: LogicalMesh, cost_model: CostModelProtocol):
+        self._cost, self._graph, self._mesh, self._model = resharding_cost, graph, mesh, cost_model
+        self._memo: dict = {}
+
+    def __call__(self, tensor: str, src: Spec | None, dst: Spec | None) -> float:
+        nbytes = tensor_bytes(self._graph.tensor(tensor))
+        key = (nbytes, src, dst)
+        if key not in self._memo:
+            self._memo[key] = self._cost(nbytes, src, dst, self._mesh, self._model)
+        return self._memo[key]
+
+
+def _restrictions(graph: OpGraph, simp: Simplified, pins: Pins) -> list[tuple[str, int, frozenset[int]]]:
+    """(pin description, group, allowed options) for every pin that touches this problem."""
+    out = []
+    for node, strategy in pins.strategies:
+        if node not in simp.group_of_node:
+            continue
+        g = simp.group_of_node[node]
+        names = [simp.strategies[node][j].name for j in simp.choice[node]]
+        out.append((f"{node} uses {strategy!r}", g, frozenset(k for k, n in enumerate(names) if n == strategy)))
+    for tensor, spec in pins.partition_specs:
+        t = simp.resolve(tensor)
+        if t not in simp.group_of_tensor:
+            continue
+        g = simp.group_of_tensor[t]
+        ok = frozenset(k for k, s in enumerate(simp.tensor_specs[t]) if s == spec)
+        out.append((f"{tensor} sharded as {spec_name(spec)} {spec}", g, ok))
+    return out
+
+
+def _allowed(simp: Simplified, restrictions) -> tuple[tuple[int, ...], ...]:
+    allowed = [set(range(g.num_options)) for g in simp.groups]
+    for _, g, ok in restrictions:
+        allowed[g] &= ok
+    return tuple(tuple(sorted(a)) for a in allowed)
+
+
+def _kept_tensors(graph: OpGraph, simp: Simplified) -> dict[str, list[str]]:
+    """Tensors that live across the step, each counted once.
+
+    Activations: forward values (made here or by an earlier stage) that a
+    backward operator here reads, kept per microbatch.  Gradients: backward
+    values an update reads.  Inputs: the step's arguments (parameters,
+    optimizer state, batch) and anything else this sub-graph receives.
+    This sums them rather than tracking liveness, so it bounds the peak from above.
+    """
+    readers: dict[str, set[str]] = {}
+    for name in simp.nodes:
+        node = graph.node(name)
+        for raw in node.inputs:
+            t = simp.resolve(raw)
+            if t in simp.group_of_tensor and not simp.is_free(graph, t):
+                readers.setdefault(t, set()).add(node.role)
+    here = set(simp.nodes)
+    inputs, grads, acts = [], [], []
+    for t, roles in readers.items():
+        info = graph.tensor(t)
+        made_by = graph.node(info.producer).role if info.producer else None
+        if made_by == "forward" and "backward" in roles:
+            acts.append(t)
+        elif made_by == "backward" and "update" in roles:
+            grads.append(t)
+        elif info.producer is None or info.producer not in here:
+            inputs.append(t)
+    return {"all": inputs + grads + acts, "activations": acts}
+
+
+def _fallback(problem: IlpProblem, result):
+    """When the time limit stops the solver empty-handed: the first allowed option everywhere (replicated
+    unless pinned), if it satisfies the constraints, marked "heuristic"."""
+    import dataclasses
+
+
+    choice = tuple(a[0] if a else 0 for a in problem.allowed)
+    if all(problem.allowed) and _feasible_fixed(problem, choice):
+        return dataclasses.replace(result, choice=choice, status="heuristic")
+    return result
+
+
+# ---- diagnostics --------------------------------------------------------------------------
+
+
+def _diagnose(problem: IlpProblem, restrictions, memory_limit: float | None, time_limit_s: float,
+              mesh: LogicalMesh) -> ShardingInfeasibleError:
+    """Say whether the memory limit or which pins make the problem infeasible."""
+    import dataclasses
+
+    free_memory = dataclasses.replace(problem, memory_limit=None)
+    if memory_limit is not None and solve(free_memory, time_limit_s).choice is not None:
+        lowest = solve(free_memory, time_limit_s, objective="memory")
+        need = sum(problem.memory[g][k] for g, k in enumerate(lowest.choice)) if lowest.choice else float("nan")
+        return ShardingInfeasibleError.memory(
+            need,
+            f"memory limit of {memory_limit:.4g} bytes per device is below the {need:.4g} bytes that even the "
+            f"most memory-saving sharding needs on mesh {mesh.shape}; raise memory_limit, use a larger mesh, "
+            f"or unpin shardings that replicate large tensors"
+        )
+    keep = list(restrictions)
+    for r in list(keep):
+        trial = [x for x in keep if x is not r]
+        allowed = [set(range(len(u))) for u in free_memory.unary]
+        for _, g, ok in trial:
+            allowed[g] &= ok
+        still_infeasible = not all(allowed) or solve(dataclasses.replace(
+            free_memory, allowed=tuple(tuple(sorted(a)) for a in allowed)), time_limit_s).choice is None
+        if still_infeasible:
+            keep = trial  # r is not needed for the conflict
+    if not keep:
+        return ShardingInfeasibleError(
+            "no sharding satisfies the constraints (a parameter and its update must share a sharding); "
+            "this is a bug if no pins are set"
+        )
+    described = "; ".join(text for text, _, _ in keep)
+    return ShardingInfeasibleError(
+        f"the pins cannot all hold together (a parameter and its updated value share one sharding, and "
+        f"followers take their operand's sharding): {described}; unpin or change one of them"
+    )
+
+
+# ---- the result ---------------------------------------------------------------------------
+
+
+def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostModelProtocol,
+          problem: IlpProblem, kept, result, seconds: float) -> ShardingPlan:
+    choice = result.choice
+    reshard = _Resharder(graph, mesh, cost_model)
+    strategies: list[tuple[str, str]] = []
+    specs: dict[str, Spec] = {}
+    by_role = {"forward": 0.0, "backward": 0.0, "update": 0.0}
+    compute = comm = resharding = 0.0
+
+    def spec_of(t: str) -> Spec:
+        return simp.tensor_specs[t][choice[simp.group_of_tensor[t]]]
+
+    for name in simp.nodes:
+        node = graph.node(name)
+        if node.primitive in IDENTITY or name not in simp.group_of_node:
+            first = simp.strategies[name][0]
+            strategies.append((name, first.name))
+            compute += first.compute_s
+            by_role[node.role] += first.compute_s
+            continue
+        strategy = simp.strategies[name][simp.choice[name][choice[simp.group_of_node[name]]]]
+        strategies.append((name, strategy.name))
+        moved = 0.0
+        for i, raw in enumerate(node.inputs):
+            t = simp.resolve(raw)
+            if t in simp.group_of_tensor:
+                specs.setdefault(t, spec_of(t))
+            if not simp.is_free(graph, t):
+                moved += reshard(t, spec_of(t), strategy.in_specs[i])
+        for out in node.outputs:
+            specs[out] = spec_of(out)
+        compute += strategy.compute_s
+        comm += strategy.communication_s
+        resharding += moved
+        by_role[node.role] += strategy.cost_s + moved
+    for name in simp.nodes:
+        node = graph.node(name)
+        if node.primitive in IDENTITY:
+            for out in node.outputs:
+                t = simp.resolve(out)
+                if t in simp.group_of_tensor:
+                    specs[out] = spec_of(t)
+    if len(simp.nodes) == len(graph.nodes):
+        # The whole step: inputs no operator reads, and results that are inputs or constants, stay whole.
+        for t in graph.inputs + graph.outputs:
+            if t not in specs:
+                specs[t] = spec_of(t) if t in simp.group_of_tensor else replicated(len(graph.tensor(t).shape))
+    memory = sum(shard_bytes(graph.tensor(t), spec_of(t), mesh) for t in kept["all"])
+    activations = sum(shard_bytes(graph.tensor(t), spec_of(t), mesh) for t in kept["activations"])
+    cost = ShardingCost(compute, comm, resharding, by_role["forward"], by_role["backward"], by_role["update"],
+                        memory, activations)
+    notes = (f"{len(simp.groups)} decision groups from {simp.nodes_before} operators",)
+    return ShardingPlan(
+        mesh_shape=tuple(mesh.shape),  # type: ignore[arg-type]
+        strategies=tuple(strategies),
+        partition_specs=tuple(specs.items()),
+        objective=evaluate(problem, choice),
+        cost=cost,
+        status=result.status,
+        seconds=seconds,
+        num_variables=result.num_variables,
+        notes=notes,
+    )
+
+
+def collective_counts(graph: OpGraph, plan: ShardingPlan, mesh: LogicalMesh) -> dict[str, int]:
+    """How many of each collective the plan issues: from strategies and from resharding between them.
+
+    Kinds are XLA's op names (`all-reduce`, `reduce-scatter`, `all-gather`,
+    `all-to-all`), so they can be compared with a compiled module's text.
+    """
+
+    counts = {"all-reduce": 0, "reduce-scatter": 0, "all-gather": 0, "all-to-all": 0}
+    specs = plan.spec_map
+    moved: set[tuple[str, Spec]] = set()
+    for name, chosen in plan.strategies:
+        node = graph.node(name)
+        if node.primitive in IDENTITY:
+            continue
+        options = enumerate_strategies(graph, node, mesh, CostModel(), NAMING_DEVICE)
+        strategy = next((s for s in options if s.name == chosen), None)
+        if strategy is None:
+            raise ValueError(f"the plan's strategy {chosen!r} for {name} is not one of its strategies on mesh "
+                             f"{mesh.shape}; was the plan solved for this graph and mesh?")
+        for c in strategy.collectives:
+            counts[c.kind] += 1
+        for tensor, need in zip(node.inputs, strategy.in_specs):
+            have = specs.get(tensor)
+            if have is None or need is None or have == need or (tensor, need) in moved:
+                continue
+            moved.add((tensor, need))  # XLA converts a tensor once per target sharding
+            step = plan_resharding(have, need)
+            counts["all-gather"] += bool(step.gather_axes)
+            counts["all-to-all"] += bool(step.all_to_all_axes)
+    return counts

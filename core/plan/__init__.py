@@ -1,0 +1,64 @@
+"""The plan data model: frozen, JSON-serialisable plans, pins and partition specs that every pass shares.
+
+This module only re-exports: the names other passes and users may rely on.
+"""
+
+from alpaviz.core.plan._spec import Spec as Spec
+from alpaviz.core.plan._spec import check_spec as check_spec
+from alpaviz.core.plan._spec import from_partition_spec as from_partition_spec
+from alpaviz.core.plan._spec import make_spec as make_spec
+from alpaviz.core.plan._spec import replicated as replicated
+from alpaviz.core.plan._spec import shard_shape as shard_shape
+from alpaviz.core.plan._spec import spec_name as spec_name
+from alpaviz.core.plan._spec import to_partition_spec as to_partition_spec
+from alpaviz.core.plan._serde import PlanFormatError as PlanFormatError
+from alpaviz.core.plan._pins import Pins as Pins
+from alpaviz.core.plan._plan import Layer as Layer
+from alpaviz.core.plan._plan import Plan as Plan
+from alpaviz.core.plan._plan import PredictedCost as PredictedCost
+from alpaviz.core.plan._plan import SCHEMA_VERSION as SCHEMA_VERSION
+from alpaviz.core.plan._plan import Schedule as Schedule
+from alpaviz.core.plan._plan import ScheduleKind as ScheduleKind
+from alpaviz.core.plan._plan import SolverInfo as SolverInfo
+from alpaviz.core.plan._plan import SolverStatus as SolverStatus
+from alpaviz.core.plan._plan import Stage as Stage
+from alpaviz.core.plan._plan import StageCost as StageCost
+from alpaviz.core.plan._plan import format_bytes as format_bytes
+from alpaviz.core.plan._plan import graph_fingerprint as graph_fingerprint
+from alpaviz.core.plan._sharding_plan import ShardingCost as ShardingCost
+from alpaviz.core.plan._sharding_plan import ShardingPlan as ShardingPlan
+from alpaviz.core.plan._manual_plan import UNKNOWN_COSTS_NOTE as UNKNOWN_COSTS_NOTE
+from alpaviz.core.plan._manual_plan import data_parallel_specs as data_parallel_specs
+from alpaviz.core.plan._manual_plan import manual_plan as manual_plan
+from alpaviz.core.plan._manual_plan import megatron_specs as megatron_specs
+
+__all__ = [
+    "check_spec",
+    "data_parallel_specs",
+    "format_bytes",
+    "from_partition_spec",
+    "graph_fingerprint",
+    "Layer",
+    "make_spec",
+    "manual_plan",
+    "megatron_specs",
+    "Pins",
+    "Plan",
+    "PlanFormatError",
+    "PredictedCost",
+    "replicated",
+    "Schedule",
+    "ScheduleKind",
+    "SCHEMA_VERSION",
+    "shard_shape",
+    "ShardingCost",
+    "ShardingPlan",
+    "SolverInfo",
+    "SolverStatus",
+    "Spec",
+    "spec_name",
+    "Stage",
+    "StageCost",
+    "to_partition_spec",
+    "UNKNOWN_COSTS_NOTE",
+]

@@ -1,0 +1,266 @@
+"""The plan: a frozen, JSON round-trippable record shared by solvers, runtime and widgets.
+
+A plan holds only plain data (ints, floats, strings, tuples).  It names
+operators and tensors of an `OpGraph` by their names and carries a
+fingerprint of that graph so a plan is never applied to another model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Literal, Mapping
+
+from alpaviz.core.cost import Cluster, CostModel
+from alpaviz.core.graph import OpGraph
+from alpaviz.core.plan._pins import Pins
+from alpaviz.core.plan._serde import PlanFormatError, from_jsonable, to_jsonable
+from alpaviz.core.plan._spec import Spec, spec_name
+
+SCHEMA_VERSION = 1
+ScheduleKind = Literal["1f1b", "gpipe"]
+SolverStatus = Literal["optimal", "time_limited", "pinned", "heuristic"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layer:
+    """A group of operators that always land in the same stage."""
+
+    index: int
+    nodes: tuple[str, ...]
+    flops: float
+
+
+@dataclasses.dataclass(frozen=True)
+class StageCost:
+    """Predicted cost of one stage for one microbatch, and its per-device memory."""
+
+    forward_s: float
+    backward_s: float
+    update_s: float
+    compute_s: float
+    communication_s: float
+    resharding_s: float
+    memory_bytes: float
+    activation_bytes: float = 0.0
+
+    @property
+    def microbatch_s(self) -> float:
+        """Forward plus backward time of one microbatch: the `t_i` of the pipeline formula."""
+        return self.forward_s + self.backward_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """A contiguous range of layers on a submesh, with its sharding decisions."""
+
+    index: int
+    layer_start: int
+    layer_stop: int
+    submesh: tuple[int, int]
+    device_ids: tuple[int, ...]
+    logical_mesh: tuple[int, int]
+    strategies: tuple[tuple[str, str], ...]
+    partition_specs: tuple[tuple[str, Spec], ...]
+    cost: StageCost
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.layer_start < self.layer_stop:
+            raise ValueError(f"stage {self.index}: empty layer range [{self.layer_start}, {self.layer_stop})")
+        if self.logical_mesh[0] * self.logical_mesh[1] != len(self.device_ids):
+            raise ValueError(
+                f"stage {self.index}: logical mesh {self.logical_mesh} does not match "
+                f"{len(self.device_ids)} devices"
+            )
+
+    @property
+    def layers(self) -> range:
+        return range(self.layer_start, self.layer_stop)
+
+    @property
+    def strategy_map(self) -> Mapping[str, str]:
+        return dict(self.strategies)
+
+    @property
+    def spec_map(self) -> Mapping[str, Spec]:
+        return dict(self.partition_specs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Pipeline schedule and microbatch count."""
+
+    kind: ScheduleKind = "1f1b"
+    num_microbatches: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_microbatches < 1:
+            raise ValueError(f"num_microbatches must be >= 1, got {self.num_microbatches}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictedCost:
+    """The plan's predicted step: total time and where it goes."""
+
+    step_time_s: float
+    compute_s: float
+    communication_s: float
+    resharding_s: float
+    cross_stage_s: float
+    bubble_s: float
+    max_memory_bytes: float
+    memory_limit_bytes: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SolverInfo:
+    """How the plan was found: status, seconds, objective and any notes."""
+
+    status: SolverStatus
+    seconds: float
+    objective: float
+    notes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A complete parallel plan: layers, stages on submeshes, shardings, schedule, costs, pins.
+
+    Example:
+        >>> plan = av.solve(train_step, params, batch, cluster=av.Cluster.a100_node(2))
+        >>> text = plan.to_json(); assert av.Plan.from_json(text) == plan
+    """
+
+    model: str
+    graph_fingerprint: str
+    cluster: Cluster
+    cost_model: CostModel
+    layers: tuple[Layer, ...]
+    stages: tuple[Stage, ...]
+    schedule: Schedule
+    predicted: PredictedCost
+    pins: Pins
+    solver: SolverInfo
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.schema_version != SCHEMA_VERSION:
+            raise PlanFormatError(
+                f"plan.schema_version: this alpaviz reads version {SCHEMA_VERSION}, got "
+                f"{self.schema_version}; re-solve the plan with this version"
+            )
+        expected = 0
+        for i, stage in enumerate(self.stages):
+            if stage.index != i or stage.layer_start != expected:
+                raise ValueError(
+                    f"stage {i} covers layers [{stage.layer_start}, {stage.layer_stop}) but should start "
+                    f"at layer {expected}: stages must tile the layers in order"
+                )
+            expected = stage.layer_stop
+        if self.stages and expected != len(self.layers):
+            raise ValueError(f"the stages cover {expected} layers but the plan has {len(self.layers)}")
+
+    # ---- views -----------------------------------------------------------
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def stage_cuts(self) -> tuple[int, ...]:
+        """The layers where a stage starts, first stage excluded."""
+        return tuple(stage.layer_start for stage in self.stages[1:])
+
+    @property
+    def strategies(self) -> Mapping[str, str]:
+        return {n: s for stage in self.stages for n, s in stage.strategies}
+
+    def stage_of_layer(self, layer: int) -> Stage:
+        for stage in self.stages:
+            if layer in stage.layers:
+                return stage
+        raise KeyError(f"layer {layer} is not in the plan (it has {len(self.layers)} layers)")
+
+    def stage_of_node(self, node: str) -> Stage:
+        for layer in self.layers:
+            if node in layer.nodes:
+                return self.stage_of_layer(layer.index)
+        raise KeyError(f"operator {node!r} is not in the plan")
+
+    def check_graph(self, graph: OpGraph) -> None:
+        """Raise unless this plan was made for `graph`."""
+        if graph_fingerprint(graph) != self.graph_fingerprint:
+            raise ValueError(
+                f"this plan was made for model {self.model!r} with a different operator graph; "
+                f"re-solve it for the graph of {graph.name!r}"
+            )
+
+    def summary(self) -> str:
+        """A readable table of stages, meshes, times and memory."""
+        p = self.predicted
+        lines = [
+            f"Plan for {self.model!r} on {self.cluster.name} ({self.cluster.num_devices} devices), "
+            f"{self.schedule.kind} x {self.schedule.num_microbatches} microbatches",
+            f"  predicted step {p.step_time_s * 1e3:.3f} ms  (compute {p.compute_s * 1e3:.3f}, comm "
+            f"{p.communication_s * 1e3:.3f}, reshard {p.resharding_s * 1e3:.3f}, cross-stage "
+            f"{p.cross_stage_s * 1e3:.3f}, bubble {p.bubble_s * 1e3:.3f} ms)",
+            f"  max memory/device {format_bytes(p.max_memory_bytes)} of {format_bytes(p.memory_limit_bytes)};"
+            f" solver {self.solver.status} in {self.solver.seconds:.2f} s",
+            f"  {'stage':>5} {'layers':>9} {'submesh':>8} {'logical':>8} {'fwd ms':>9} {'bwd ms':>9} "
+            f"{'memory':>10}  shardings",
+        ]
+        for s in self.stages:
+            names = sorted({spec_name(spec) for _, spec in s.partition_specs})
+            lines.append(
+                f"  {s.index:>5} {f'{s.layer_start}-{s.layer_stop - 1}':>9} "
+                f"{f'{s.submesh[0]}x{s.submesh[1]}':>8} {f'{s.logical_mesh[0]}x{s.logical_mesh[1]}':>8} "
+                f"{s.cost.forward_s * 1e3:>9.3f} {s.cost.backward_s * 1e3:>9.3f} "
+                f"{format_bytes(s.cost.memory_bytes):>10}  {', '.join(names[:4])}"
+            )
+        for line in self.pins.describe():
+            lines.append(f"  pinned: {line}")
+        for note in self.solver.notes:
+            lines.append(f"  note: {note}")
+        return "\n".join(lines)
+
+    # ---- edits and JSON -------------------------------------------------
+    def with_pins(self, pins: Pins) -> "Plan":
+        """The same plan recording other pins (re-solve to honour them)."""
+        return dataclasses.replace(self, pins=pins)
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(to_jsonable(self), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        """Parse a plan, refusing malformed JSON or a field that breaks the schema."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise PlanFormatError(f"plan: not valid JSON ({err})") from err
+        if not isinstance(data, dict):
+            raise PlanFormatError(f"plan: expected a JSON object, got {type(data).__name__}")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise PlanFormatError(
+                f"plan.schema_version: this alpaviz reads version {SCHEMA_VERSION}, got {version!r}"
+            )
+        return from_jsonable(cls, data, "plan")
+
+
+def format_bytes(nbytes: float) -> str:
+    """Bytes in the largest binary unit that keeps a leading digit: '1.50 GiB', '640.00 KiB'."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def graph_fingerprint(graph: OpGraph) -> str:
+    """A short hash of the graph's structure (operators, shapes, wiring)."""
+    digest = hashlib.sha256()
+    for node in graph.nodes:
+        digest.update(f"{node.name}|{node.inputs}|{node.outputs}".encode())
+    for tensor in graph.tensors:
+        digest.update(f"{tensor.name}|{tensor.shape}|{tensor.dtype}".encode())
+    return digest.hexdigest()[:16]

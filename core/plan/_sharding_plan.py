@@ -1,0 +1,58 @@
+"""The result of the intra-operator pass for one stage on one logical mesh."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from alpaviz.core.plan._plan import SolverStatus
+from alpaviz.core.plan._spec import Spec
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingCost:
+    """Predicted per-microbatch times by role and category, and per-device memory."""
+
+    compute_s: float
+    communication_s: float
+    resharding_s: float
+    forward_s: float
+    backward_s: float
+    update_s: float
+    memory_bytes: float
+    activation_bytes: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.communication_s + self.resharding_s
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingPlan:
+    """One strategy per operator and a spec per tensor, with the ILP's objective and status."""
+
+    mesh_shape: tuple[int, int]
+    strategies: tuple[tuple[str, str], ...]
+    partition_specs: tuple[tuple[str, Spec], ...]
+    objective: float
+    cost: ShardingCost
+    status: SolverStatus
+    seconds: float
+    num_variables: int = 0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def strategy_map(self) -> Mapping[str, str]:
+        return dict(self.strategies)
+
+    @property
+    def spec_map(self) -> Mapping[str, Spec]:
+        return dict(self.partition_specs)
+
+    @property
+    def cost_breakdown(self) -> Mapping[str, float]:
+        return {
+            "compute_s": self.cost.compute_s,
+            "communication_s": self.cost.communication_s,
+            "resharding_s": self.cost.resharding_s,
+        }

@@ -1,0 +1,221 @@
+"""Pipeline schedules as per-mesh instruction lists (RUN, SEND, RECV, FREE).
+
+The runtime executes these lists and the widgets draw them, so the order of
+work on every mesh is plain data that tests can read: how many microbatches'
+activations a stage holds, which stage waits on which.  `_predict` plays
+the same lists with a plan's predicted costs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Literal, Sequence
+
+from alpaviz.core.graph import Role
+
+Op = Literal["run", "send", "recv", "free"]
+ONCE = -1  # the microbatch index of work done once per step (the optimizer update)
+
+
+@dataclasses.dataclass(frozen=True)
+class Edge:
+    """Data flowing from one stage's task to another's (`src_role` -> `dst_role`).
+
+    Edges between forward/backward tasks carry one message per microbatch;
+    an edge into an update task carries one message per step.
+    """
+
+    src_stage: int
+    src_role: Role
+    dst_stage: int
+    dst_role: Role
+    nbytes: float = 0.0
+
+    @property
+    def per_microbatch(self) -> bool:
+        return self.src_role != "update" and self.dst_role != "update"
+
+
+@dataclasses.dataclass(frozen=True)
+class Instruction:
+    """One entry of a mesh's list.
+
+    `role` is the task run (RUN), the producing task (SEND/RECV) or the task
+    whose per-microbatch buffers are dropped (FREE); `peer` is the other
+    stage of a SEND (receiver) or RECV (sender); `peer_role` the consuming task.
+    """
+
+    op: Op
+    stage: int
+    role: Role
+    microbatch: int
+    peer: int = -1
+    peer_role: Role | None = None
+
+    def __str__(self) -> str:
+        mb = "once" if self.microbatch == ONCE else f"mb{self.microbatch}"
+        if self.op == "run":
+            return f"RUN {self.role} {mb}"
+        if self.op == "send":
+            return f"SEND {self.role} {mb} -> stage {self.peer} ({self.peer_role})"
+        if self.op == "recv":
+            return f"RECV {self.role} {mb} <- stage {self.peer} ({self.peer_role})"
+        return f"FREE {mb}"
+
+    @property
+    def transfer_key(self) -> tuple[int, str, int, str, int]:
+        """The same key on a SEND and its matching RECV: (src, src_role, dst, dst_role, mb)."""
+        if self.op == "send":
+            return (self.stage, self.role, self.peer, str(self.peer_role), self.microbatch)
+        if self.op == "recv":
+            return (self.peer, self.role, self.stage, str(self.peer_role), self.microbatch)
+        raise ValueError(f"{self} is not a transfer")
+
+
+Program = tuple[tuple[Instruction, ...], ...]
+
+
+def chain_edges(num_stages: int) -> tuple[Edge, ...]:
+    """The edges of a plain pipeline: activations forward, gradients backward."""
+    out = []
+    for i in range(num_stages - 1):
+        out.append(Edge(i, "forward", i + 1, "forward"))
+        out.append(Edge(i + 1, "backward", i, "backward"))
+    return tuple(out)
+
+
+def compute_order(kind: str, num_stages: int, num_microbatches: int, stage: int) -> tuple[tuple[Role, int], ...]:
+    """The (role, microbatch) runs of one stage, update last.
+
+    GPipe runs every forward, then every backward.  1F1B (PipeDream-flush)
+    warms up with min(n - i - 1, m) forwards on stage i, then alternates one
+    forward and one backward, then drains the remaining backwards.
+    """
+    n, m = num_stages, num_microbatches
+    if not 0 <= stage < n:
+        raise ValueError(f"stage {stage} is outside a pipeline of {n} stages")
+    if kind == "gpipe":
+        runs = [("forward", k) for k in range(m)] + [("backward", k) for k in range(m)]
+    elif kind == "1f1b":
+        warm = min(n - stage - 1, m)
+        runs = [("forward", k) for k in range(warm)]
+        for k in range(m - warm):
+            runs += [("forward", warm + k), ("backward", k)]
+        runs += [("backward", k) for k in range(m - warm, m)]
+    else:
+        raise ValueError(f"unknown schedule kind {kind!r}; use '1f1b' or 'gpipe'")
+    runs.append(("update", ONCE))
+    return tuple(runs)  # type: ignore[return-value]
+
+
+def build_instructions(
+    kind: str,
+    num_stages: int,
+    num_microbatches: int,
+    edges: Iterable[Edge] | None = None,
+) -> Program:
+    """Per-mesh instruction lists for a schedule and the stages' data flow.
+
+    Around each RUN: a RECV for every edge into that task (before), a SEND
+    for every edge out of it (after).  Edges into update tasks are sent once,
+    after the last microbatch of the producing task.  A FREE follows each
+    backward: that microbatch's stashed activations are no longer needed.
+
+    Example:
+        >>> lists = build_instructions("1f1b", num_stages=4, num_microbatches=8)
+        >>> print(*lists[0][:4], sep="\\n")
+    """
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    edges = tuple(chain_edges(num_stages) if edges is None else edges)
+    for e in edges:
+        if not (0 <= e.src_stage < num_stages and 0 <= e.dst_stage < num_stages) or e.src_stage == e.dst_stage:
+            raise ValueError(f"edge {e} does not join two different stages of {num_stages}")
+    program = []
+    for stage in range(num_stages):
+        runs = compute_order(kind, num_stages, num_microbatches, stage)
+        last_of = {role: k for role, k in runs}  # the final microbatch each role runs
+        out: list[Instruction] = []
+        for role, k in runs:
+            for e in edges:
+                if e.dst_stage == stage and e.dst_role == role:
+                    out.append(Instruction("recv", stage, e.src_role, k, e.src_stage, role))
+            out.append(Instruction("run", stage, role, k))
+            for e in edges:
+                if e.src_stage != stage or e.src_role != role:
+                    continue
+                if e.per_microbatch:
+                    out.append(Instruction("send", stage, role, k, e.dst_stage, e.dst_role))
+                elif role == "update" or k == last_of[role]:
+                    out.append(Instruction("send", stage, role, ONCE, e.dst_stage, e.dst_role))
+            if role == "backward":
+                out.append(Instruction("free", stage, "forward", k))
+        program.append(tuple(out))
+    return tuple(program)
+
+
+def fusable_runs(program: Program) -> dict[tuple[int, str, int], tuple[str, ...]]:
+    """RUNs a driver may execute as one executable: (stage, role, mb) of the first -> the roles fused.
+
+    A forward immediately followed on its mesh by the backward of the same
+    microbatch (nothing sent or received between: the last stage under
+    1F1B, or a lone stage) fuses into one forward+backward; when that is
+    the whole list apart from a FREE and the update (one stage, one
+    microbatch), the update joins too, giving one executable per step.
+    """
+    out: dict[tuple[int, str, int], tuple[str, ...]] = {}
+    for stage, lst in enumerate(program):
+        for i, ins in enumerate(lst[:-1]):
+            nxt = lst[i + 1]
+            if not (ins.op == "run" and ins.role == "forward" and nxt.op == "run" and nxt.role == "backward"
+                    and nxt.microbatch == ins.microbatch):
+                continue
+            rest = [x for x in lst[i + 2:] if x.op != "free"]
+            whole = i == 0 and len(rest) == 1 and rest[0].op == "run" and rest[0].role == "update"
+            out[(stage, "forward", ins.microbatch)] = ("forward", "backward", "update") if whole else (
+                "forward", "backward")
+    return out
+
+
+def max_live_microbatches(instructions: Sequence[Instruction]) -> int:
+    """The most microbatches whose forward activations one list holds at once."""
+    live: set[int] = set()
+    peak = 0
+    for ins in instructions:
+        if ins.op == "run" and ins.role == "forward":
+            live.add(ins.microbatch)
+            peak = max(peak, len(live))
+        elif ins.op == "free":
+            live.discard(ins.microbatch)
+    return peak
+
+
+def interleave(program: Program) -> tuple[Instruction, ...]:
+    """One global order of all lists in which every RECV comes after its SEND.
+
+    A single driver can dispatch in this order without deadlock; it takes
+    the next instruction of each mesh in turn, skipping a mesh while it
+    waits on a RECV.
+    """
+    cursor = [0] * len(program)
+    sent: set[tuple] = set()
+    order: list[Instruction] = []
+    total = sum(len(lst) for lst in program)
+    while len(order) < total:
+        progressed = False
+        for stage, lst in enumerate(program):
+            while cursor[stage] < len(lst):
+                ins = lst[cursor[stage]]
+                if ins.op == "recv" and ins.transfer_key not in sent:
+                    break
+                if ins.op == "send":
+                    sent.add(ins.transfer_key)
+                order.append(ins)
+                cursor[stage] += 1
+                progressed = True
+                if ins.op == "run":
+                    break  # one unit of work per mesh per turn keeps the meshes in step
+        if not progressed:
+            stuck = {s: str(program[s][c]) for s, c in enumerate(cursor) if c < len(program[s])}
+            raise ValueError(f"the instruction lists deadlock; each mesh waits at {stuck}")
+    return tuple(order)

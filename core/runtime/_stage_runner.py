@@ -1,0 +1,294 @@
+"""One pipeline stage on its mesh: compiled tasks and the buffers they pass around.
+
+A `StageRunner` is the same object whether the driver holds every stage (one
+host) or a Ray actor holds the stages of its host: it places inputs on its
+mesh, runs a task for one microbatch, hands out what a SEND needs and takes
+what a RECV brings.  How bytes move between meshes is the caller's business
+(`_cross_mesh`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from alpaviz.core.cost import AXIS_NAMES
+from alpaviz.core.graph import OpGraph, evaluate
+from alpaviz.core.plan import Stage, check_spec, to_partition_spec
+from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge, is_float
+from alpaviz.core.runtime._schedule import ONCE
+
+
+class StageError(RuntimeError):
+    """A stage failed to compile or run; the message names the stage, its task and its mesh."""
+
+
+class StageRunner:
+    """Compiled forward/backward/update tasks of one stage and its per-step buffers.
+
+    `aliases` maps a graph output to the graph input it replaces (a new
+    param to its old value): the output is given the input's sharding so a
+    next step finds its params where they already are.
+    """
+
+    def __init__(
+        self,
+        graph: OpGraph,
+        flow: Dataflow,
+        stage: Stage,
+        devices: Sequence[Any],
+        num_microbatches: int,
+        batch_inputs: Sequence[str],
+        aliases: Mapping[str, str],
+        donate: bool = False,
+        compiler_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.graph = graph
+        self.compiler_options = dict(compiler_options or {})
+        self.stage = stage
+        self.index = stage.index
+        self.num_microbatches = num_microbatches
+        self.mesh = Mesh(np.asarray(devices, dtype=object).reshape(stage.logical_mesh), AXIS_NAMES)
+        self.specs = dict(stage.partition_specs)
+        for name, spec in self.specs.items():
+            if name in graph.tensor_by_name:
+                try:
+                    check_spec(graph.tensor(name).shape, spec, stage.logical_mesh, what=f"tensor {name!r}")
+                except ValueError as err:
+                    raise ValueError(f"{self.describe()}: {err} (shapes are per microbatch)") from None
+        self.tasks = {role: flow.task(stage.index, role) for role in ("forward", "backward", "update")}
+        self.reduction = flow.reduction_map
+        self.batch_inputs = frozenset(batch_inputs)
+        self.graph_inputs = frozenset(graph.inputs)
+        self.aliases = dict(aliases)
+        self.donate = donate
+        self._producer = flow.producer_map
+        # Who reads a tensor per microbatch (keep it in the per-microbatch buffers) on any stage.
+        self._read_per_mb = {
+            t for task in flow.tasks if task.role != "update" for t in task.inputs
+        }
+        self._readers: dict[str, set[tuple[int, str]]] = {}
+        for task in flow.tasks:
+            for t in task.inputs:
+                self._readers.setdefault(t, set()).add((task.stage, task.role))
+        self._graph_outputs = frozenset(graph.outputs)
+        self._groups: dict[tuple[str, ...], _Group] = {}
+        self._fns: dict[tuple[str, ...], Any] = {}
+        self._first_args: dict[tuple[str, ...], Any] = {}
+        self._zeros: dict[str, Any] = {}
+        self.reset()
+
+    # ---- placement -------------------------------------------------------
+    def describe(self) -> str:
+        r, c = self.stage.logical_mesh
+        return f"stage {self.index} (mesh {r}x{c} on devices {list(self.stage.device_ids)})"
+
+    def sharding(self, tensor: str) -> NamedSharding:
+        """Where a tensor entering this stage lives: its spec if the plan gives one, else replicated."""
+        spec = self.specs.get(tensor)
+        if spec is None and tensor in self.aliases:
+            spec = self.specs.get(self.aliases[tensor])
+        return NamedSharding(self.mesh, _canonical(to_partition_spec(spec)) if spec is not None else PartitionSpec())
+
+    @property
+    def needed_inputs(self) -> tuple[str, ...]:
+        """Graph inputs any task of this stage reads."""
+        return tuple(dict.fromkeys(
+            t for task in self.tasks.values() for t in task.inputs if t in self.graph_inputs
+        ))
+
+    def reset(self) -> None:
+        """Forget the last step's buffers (compiled tasks are kept)."""
+        self.mb_values: dict[tuple[str, int], Any] = {}
+        self.step_values: dict[str, Any] = {}
+
+    def put_input(self, name: str, value: Any, microbatch: int = ONCE) -> None:
+        placed = jax.device_put(value, self.sharding(name))
+        if microbatch == ONCE:
+            self.step_values[name] = placed
+        else:
+            self.mb_values[(name, microbatch)] = placed
+
+    def take(self, edge: TensorEdge, microbatch: int) -> dict[str, Any]:
+        """The values a SEND along `edge` carries."""
+        if microbatch == ONCE:
+            return {t: self.step_values[t] for t in edge.tensors}
+        return {t: self.mb_values[(t, microbatch)] for t in edge.tensors}
+
+    def give(self, values: Mapping[str, Any], microbatch: int, placed: bool = False) -> None:
+        """Store what a RECV brought; `placed` values are already on this mesh."""
+        for t, v in values.items():
+            v = v if placed else jax.device_put(v, self.sharding(t))
+            if microbatch == ONCE:
+                self.step_values[t] = v
+            else:
+                self.mb_values[(t, microbatch)] = v
+
+    def free(self, microbatch: int) -> None:
+        for key in [k for k in self.mb_values if k[1] == microbatch]:
+            del self.mb_values[key]
+
+    def result(self, name: str) -> Any:
+        return self.step_values[name]
+
+    # ---- execution -------------------------------------------------------
+    def _group(self, roles: tuple[str, ...]) -> "_Group":
+        """Nodes, inputs and outputs of one or more of this stage's tasks run as one executable.
+
+        An output is kept when a task outside the group, the step's result or
+        a microbatch reduction needs it; what only the group itself reads
+        (e.g. forward residuals inside a fused forward+backward) stays inside.
+        """
+        if roles in self._groups:
+            return self._groups[roles]
+        tasks = [self.tasks[r] for r in roles]
+        members = {(self.index, r) for r in roles}
+        names = {n for task in tasks for n in task.nodes}
+        nodes = tuple(node for node in self.graph.nodes if node.name in names)
+        produced = {t for node in nodes for t in node.outputs}
+        inputs = tuple(dict.fromkeys(t for task in tasks for t in task.inputs if t not in produced))
+        outputs = tuple(dict.fromkeys(
+            t for task in tasks for t in task.outputs
+            if t in self._graph_outputs or t in self.reduction or self._readers.get(t, set()) - members
+        ))
+        accumulated = tuple(t for r in roles for t in self._accumulated(r))
+        donated = self._donated_names(roles, inputs, outputs)
+        group = _Group(roles, nodes, inputs, outputs, accumulated, donated)
+        self._groups[roles] = group
+        return group
+
+    def _accumulated(self, role: str) -> tuple[str, ...]:
+        if self.num_microbatches == 1 or role == "update":
+            return ()
+        out = []
+        for t in self.tasks[role].outputs:
+            if self.reduction.get(t) == "mean":
+                if not is_float(self.graph.tensor(t).dtype):
+                    raise ValueError(
+                        f"{self.describe()}: output {t!r} ({self.graph.tensor(t).dtype}) depends on the batch "
+                        f"but is not floating point, so it cannot be averaged over microbatches; return a "
+                        f"float metric or use num_microbatches=1"
+                    )
+                out.append(t)
+        return tuple(out)
+
+    def _donated_names(self, roles, inputs, outputs) -> tuple[str, ...]:
+        """Old params the update may overwrite in place; only when the user asked for donation."""
+        if not self.donate or "update" not in roles:
+            return ()
+        replaced = {self.aliases[t] for t in outputs if t in self.aliases}
+        return tuple(t for t in inputs if t in replaced)
+
+    def _build(self, group: "_Group") -> Any:
+        scale = 1.0 / self.num_microbatches
+        constrain = {
+            t: self.sharding(t) for t in self.graph.tensor_by_name if t in self.specs or t in self.aliases
+        }
+        donated = set(group.donated)
+        names = group.donated + tuple(t for t in group.inputs if t not in donated)
+
+        def shard(name: str, value: Any) -> Any:
+            s = constrain.get(name)
+            return value if s is None else jax.lax.with_sharding_constraint(value, s)
+
+        def fn(donated_args: tuple, kept_args: tuple, accs: tuple) -> tuple[tuple, tuple]:
+            env = evaluate(self.graph, dict(zip(names, donated_args + kept_args)), group.nodes, group.outputs, shard)
+            new_accs = tuple(
+                jax.lax.with_sharding_constraint(acc + env[t] * jnp_scale(env[t], scale), self.sharding(t))
+                for t, acc in zip(group.accumulated, accs)
+            )
+            return tuple(env[t] for t in group.outputs), new_accs
+
+        return jax.jit(
+            fn,
+            donate_argnums=(0,) if group.donated else (),
+            compiler_options=self.compiler_options or None,
+        )
+
+    def _zeros_for(self, tensor: str) -> Any:
+        if tensor not in self._zeros:
+            info = self.graph.tensor(tensor)
+            self._zeros[tensor] = jax.device_put(np.zeros(info.shape, info.dtype), self.sharding(tensor))
+        return self._zeros[tensor]
+
+    def _lookup(self, tensor: str, microbatch: int) -> Any:
+        if microbatch != ONCE and (tensor, microbatch) in self.mb_values:
+            return self.mb_values[(tensor, microbatch)]
+        if tensor in self.step_values:
+            return self.step_values[tensor]
+        raise StageError(
+            f"{self.describe()}: tensor {tensor!r} was neither received nor computed before it was needed "
+            f"(microbatch {microbatch}); the instruction list is out of order"
+        )
+
+    def compiled_text(self, roles: tuple[str, ...] | str) -> str:
+        """The optimized HLO of a task (or fused group) that has run, e.g. to count its collectives."""
+        roles = (roles,) if isinstance(roles, str) else tuple(roles)
+        if self._first_args.get(roles) is None:
+            raise ValueError(f"{self.describe()}: task {roles} has not run yet; run a step first")
+        return self._fns[roles].lower(*self._first_args[roles]).compile().as_text()
+
+    def run(self, role: str, microbatch: int) -> list[Any]:
+        """Run one task; returns its fresh outputs (for the caller to block on when timing)."""
+        return self.run_group((role,), microbatch)
+
+    def run_group(self, roles: tuple[str, ...], microbatch: int) -> list[Any]:
+        """Run tasks of this stage back to back as one executable (e.g. forward+backward of a microbatch)."""
+        group = self._group(tuple(roles))
+        if not group.nodes:
+            return []
+        if group.roles not in self._fns:
+            self._fns[group.roles] = self._build(group)
+            self._first_args[group.roles] = None
+        lookup_mb = microbatch
+        donated_set = set(group.donated)
+        donated = tuple(self._lookup(t, lookup_mb) for t in group.donated)
+        kept = tuple(self._lookup(t, lookup_mb) for t in group.inputs if t not in donated_set)
+        first = microbatch in (0, ONCE)
+        accs = tuple(self._zeros_for(t) if first else self.step_values[t] for t in group.accumulated)
+        if self._first_args.get(group.roles, 0) is None:
+            self._first_args[group.roles] = jax.tree.map(
+                lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), (donated, kept, accs)
+            )
+        try:
+            outs, new_accs = self._fns[group.roles](donated, kept, accs)
+        except Exception as err:  # compile or runtime failure inside the stage
+            what = "+".join(roles)
+            raise StageError(f"{self.describe()}, {what} task, microbatch {microbatch}: {err}") from err
+        summed = set(group.accumulated)
+        for t, v in zip(group.outputs, outs):
+            role = self._producer[t][1]
+            if role == "update" or (t in self.reduction and t not in summed):
+                self.step_values[t] = v  # once-per-step values, or the "last"/single-microbatch ones
+            if role != "update" and t in self._read_per_mb:
+                self.mb_values[(t, 0 if microbatch == ONCE else microbatch)] = v
+        for t, v in zip(group.accumulated, new_accs):
+            self.step_values[t] = v
+        return list(outs) + list(new_accs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Group:
+    roles: tuple[str, ...]
+    nodes: tuple[Any, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    accumulated: tuple[str, ...]
+    donated: tuple[str, ...]
+
+
+def _canonical(pspec: PartitionSpec) -> PartitionSpec:
+    """Without trailing replicated dims, the form jit gives its outputs (so shardings compare equal)."""
+    entries = list(pspec)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return PartitionSpec(*entries)
+
+
+def jnp_scale(value: Any, scale: float) -> Any:
+    """`scale` as a scalar of the value's dtype, so accumulation never upcasts."""
+    return np.asarray(scale, dtype=value.dtype)

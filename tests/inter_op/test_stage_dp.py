@@ -1,0 +1,183 @@
+"""The stage DP against brute force on synthetic cost tables (no ILP needed)."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import alpaviz as av
+from alpaviz.core.inter_op._stage_dp import (
+    NoStagePlanError, StageChoice, StageConstraints, StageCostTable, in_flight, is_feasible,
+    pipeline_latency, solve_stages,
+)
+from alpaviz.core.inter_op._stage_profile import mesh_choices
+
+
+def _random_table(num_layers, cluster, seed, additive=False):
+    rng = np.random.default_rng(seed)
+    meshes = mesh_choices(cluster)
+    shape = (num_layers + 1, num_layers + 1, len(meshes))
+    devices = np.array([m.num_devices for m in meshes], float)
+    if additive:
+        per_layer = rng.uniform(0.5, 2.0, (num_layers, 1)) / devices[None, :] ** rng.uniform(0.5, 1.0)
+        prefix = np.concatenate([np.zeros((1, len(meshes))), np.cumsum(per_layer, axis=0)])
+        time = prefix[None] - prefix[:, None] + 0.05
+    else:
+        time = rng.uniform(0.1, 3.0, shape) / devices[None, None, :] ** 0.7
+    update = rng.uniform(0.0, 0.2, shape)
+    state = rng.uniform(1.0, 4.0, shape) * (np.arange(num_layers + 1)[None, :, None] - np.arange(num_layers + 1)[:, None, None])
+    state = state / devices[None, None, :]
+    act = rng.uniform(0.1, 1.0, shape)
+    valid = np.triu(np.ones(shape[:2], bool), k=1)[:, :, None]
+    finish = lambda a: np.where(valid, a, np.inf)  # noqa: E731
+    return StageCostTable(meshes, finish(time), finish(update), finish(state), finish(act))
+
+
+def _brute_force(table, num_devices, B, schedule, limit, constraints=StageConstraints()):
+    L = table.num_layers
+    best = math.inf
+    allowed = dict(constraints.stage_meshes)
+    for r in range(L):
+        for cuts in itertools.combinations(range(1, L), r):
+            if any(c not in cuts for c in constraints.required_cuts if 0 < c < L):
+                continue
+            if any(c in cuts for c in constraints.forbidden_cuts):
+                continue
+            n = r + 1
+            if constraints.num_stages is not None and n != constraints.num_stages:
+                continue
+            if allowed and n <= max(allowed):  # a pinned stage must exist
+                continue
+            bounds = (0, *cuts, L)
+            for meshes in itertools.product(range(len(table.meshes)), repeat=n):
+                if sum(table.meshes[m].num_devices for m in meshes) != num_devices:
+                    continue
+                if any(i in allowed and m not in allowed[i] for i, m in enumerate(meshes)):
+                    continue
+                ok, times, updates = True, [], []
+                for i, m in enumerate(meshes):
+                    k, j = bounds[i], bounds[i + 1]
+                    q = in_flight(i, n, B, schedule)
+                    if table.state_bytes[k, j, m] + q * table.activation_bytes[k, j, m] > limit:
+                        ok = False
+                        break
+                    times.append(table.time_s[k, j, m])
+                    updates.append(table.update_s[k, j, m])
+                if ok:
+                    best = min(best, pipeline_latency(times, updates, B))
+    return best
+
+
+def _objective_of(solution, table, B):
+    times = [table.time_s[s.start, s.stop, s.mesh] for s in solution.stages]
+    updates = [table.update_s[s.start, s.stop, s.mesh] for s in solution.stages]
+    return pipeline_latency(times, updates, B)
+
+
+CASES = {
+    "1host-4dev-1f1b": (av.Cluster.a100_node(1, 4), 4, 4, "1f1b", math.inf),
+    "1host-4dev-gpipe-tight": (av.Cluster.a100_node(1, 4), 4, 3, "gpipe", 6.0),
+    "1host-4dev-1f1b-tight": (av.Cluster.a100_node(1, 4), 4, 8, "1f1b", 4.0),
+    "2hosts-2dev": (av.Cluster.a100_node(2, 2), 4, 2, "1f1b", math.inf),
+    "5layers-2hosts-2dev": (av.Cluster.a100_node(2, 2), 5, 6, "1f1b", 5.0),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("additive", [False, True], ids=["random", "additive"])
+def test_dp_matches_brute_force(case, seed, additive):
+    cluster, L, B, schedule, limit = CASES[case]
+    table = _random_table(L, cluster, seed, additive)
+    expected = _brute_force(table, cluster.num_devices, B, schedule, limit)
+    if not math.isfinite(expected):
+        with pytest.raises(NoStagePlanError):
+            solve_stages(table, cluster.num_devices, B, schedule, limit)
+        return
+    solution = solve_stages(table, cluster.num_devices, B, schedule, limit)
+    assert solution.objective_s == pytest.approx(expected, rel=1e-12)
+    assert _objective_of(solution, table, B) == pytest.approx(expected, rel=1e-12)
+    assert sum(table.meshes[s.mesh].num_devices for s in solution.stages) == cluster.num_devices
+    assert [s.start for s in solution.stages][0] == 0 and solution.stages[-1].stop == L
+
+
+CONSTRAINTS = {
+    "cut": StageConstraints(required_cuts=(2,)),
+    "no-cut": StageConstraints(forbidden_cuts=(1, 3)),
+    "stages": StageConstraints(num_stages=3),
+    "mesh-of-stage-1": StageConstraints(stage_meshes=((1, (0,)),)),
+    "cut+stages+mesh": StageConstraints(required_cuts=(1,), num_stages=2, stage_meshes=((0, (1, 2)),)),
+}
+
+
+@pytest.mark.parametrize("name", list(CONSTRAINTS), ids=list(CONSTRAINTS))
+@pytest.mark.parametrize("seed", [3, 4])
+def test_dp_honours_constraints_like_brute_force(name, seed):
+    cluster = av.Cluster.a100_node(1, 4)
+    table = _random_table(4, cluster, seed)
+    constraints = CONSTRAINTS[name]
+    expected = _brute_force(table, 4, 4, "1f1b", math.inf, constraints)
+    solution = solve_stages(table, 4, 4, "1f1b", math.inf, constraints)
+    assert solution.objective_s == pytest.approx(expected, rel=1e-12)
+    cuts = [s.start for s in solution.stages[1:]]
+    assert all(c in cuts for c in constraints.required_cuts)
+    assert not any(c in cuts for c in constraints.forbidden_cuts)
+    for stage, allowed in constraints.stage_meshes:
+        if stage < len(solution.stages):
+            assert solution.stages[stage].mesh in allowed
+
+
+def test_infeasible_memory_and_contradictory_constraints_raise():
+    cluster = av.Cluster.a100_node(1, 4)
+    table = _random_table(4, cluster, 0)
+    with pytest.raises(NoStagePlanError, match="memory limit"):
+        solve_stages(table, 4, 4, "1f1b", memory_limit_bytes=0.01)
+    # Stage 0 pinned to the 4-device mesh leaves nothing for a second stage.
+    whole = tuple(i for i, m in enumerate(table.meshes) if m.num_devices == 4)
+    contradiction = StageConstraints(num_stages=2, stage_meshes=((0, whole),))
+    assert not is_feasible(table, 4, 4, constraints=contradiction)
+    with pytest.raises(NoStagePlanError):
+        solve_stages(table, 4, 4, constraints=contradiction)
+
+
+def test_prefer_keeps_previous_stages_among_ties():
+    cluster = av.Cluster.a100_node(1, 4)
+    meshes = mesh_choices(cluster)
+    L = 4
+    single = [i for i, m in enumerate(meshes) if m.num_devices == 1][0]
+    shape = (L + 1, L + 1, len(meshes))
+    span = np.arange(L + 1)[None, :] - np.arange(L + 1)[:, None]
+    time = np.where(np.triu(np.ones(shape[:2], bool), 1), span.astype(float), np.inf)[:, :, None].repeat(len(meshes), 2)
+    time[:, :, [i for i in range(len(meshes)) if i != single]] = np.inf
+    zeros = np.where(np.isfinite(time), 0.0, np.inf)
+    table = StageCostTable(meshes, time, zeros, zeros, zeros)
+    # Four single-device stages, one layer each, is the only way to cover 4 devices with 4 layers.
+    solution = solve_stages(table, 4, 2)
+    assert [(s.start, s.stop) for s in solution.stages] == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    # With two devices, several slicings tie only if costs are equal; `prefer` breaks the tie.
+    two = av.Cluster.a100_node(1, 2)
+    meshes2 = mesh_choices(two)
+    single2 = [i for i, m in enumerate(meshes2) if m.num_devices == 1][0]
+    flat = np.where(np.triu(np.ones(shape[:2], bool), 1), 1.0, np.inf)[:, :, None].repeat(len(meshes2), 2)
+    flat[:, :, [i for i in range(len(meshes2)) if i != single2]] = np.inf
+    zeros2 = np.where(np.isfinite(flat), 0.0, np.inf)
+    table2 = StageCostTable(meshes2, flat, zeros2, zeros2, zeros2)
+    for cut in (1, 2, 3):
+        wanted = (StageChoice(0, cut, single2), StageChoice(cut, L, single2))
+        got = solve_stages(table2, 2, 2, prefer=wanted)
+        assert got.stages == wanted
+
+
+def test_a_mesh_pinned_on_a_later_stage_forces_enough_stages():
+    """Pinning stage 2's submesh must yield a plan with a stage 2 on it, never a plan that drops the pin."""
+    import alpaviz as av
+    from alpaviz.core import analytic_stage_cost
+
+    step, params, microbatch = av.models.gpt(num_layers=4, hidden=64, abstract=True)
+    graph = av.trace(step, params, microbatch)
+    pins = av.Pins().with_submesh(2, (1, 2))
+    plan = av.solve(graph, cluster=av.Cluster.a100_node(1), num_microbatches=4, pins=pins,
+                    stage_cost=analytic_stage_cost, progress=False)
+    assert plan.num_stages >= 3
+    assert plan.stages[2].submesh == (1, 2)

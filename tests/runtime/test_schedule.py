@@ -1,0 +1,118 @@
+import dataclasses
+from collections import Counter
+
+import pytest
+
+import alpaviz as av
+from alpaviz.core.plan._manual_plan import UNKNOWN_COSTS_NOTE, manual_plan
+from alpaviz.core.plan._plan import Schedule, StageCost
+from alpaviz.core.runtime._schedule import (
+    ONCE, Edge, build_instructions, compute_order, interleave, max_live_microbatches,
+)
+from alpaviz.core.runtime._predict import predicted_timeline
+
+PIPELINES = [(2, 4), (4, 4), (4, 8), (3, 7), (4, 2)]
+
+
+@pytest.mark.parametrize("n,m", PIPELINES, ids=[f"{n}stages-{m}mb" for n, m in PIPELINES])
+def test_1f1b_holds_at_most_num_stages_minus_index_microbatches(n, m):
+    program = build_instructions("1f1b", n, m)
+    for i, lst in enumerate(program):
+        assert max_live_microbatches(lst) == min(n - i, m) <= n
+
+
+@pytest.mark.parametrize("n,m", PIPELINES, ids=[f"{n}stages-{m}mb" for n, m in PIPELINES])
+def test_gpipe_holds_every_microbatch(n, m):
+    program = build_instructions("gpipe", n, m)
+    assert all(max_live_microbatches(lst) == m for lst in program)
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("n,m", PIPELINES, ids=[f"{n}stages-{m}mb" for n, m in PIPELINES])
+def test_every_task_runs_once_and_every_send_has_its_recv(kind, n, m):
+    program = build_instructions(kind, n, m)
+    for i, lst in enumerate(program):
+        runs = Counter((ins.role, ins.microbatch) for ins in lst if ins.op == "run")
+        expected = {(r, k) for r in ("forward", "backward") for k in range(m)} | {("update", ONCE)}
+        assert set(runs) == expected and set(runs.values()) == {1}
+        assert lst[-1].op == "run" and lst[-1].role == "update"
+    sends = [ins.transfer_key for lst in program for ins in lst if ins.op == "send"]
+    recvs = [ins.transfer_key for lst in program for ins in lst if ins.op == "recv"]
+    assert sorted(sends) == sorted(recvs) and len(sends) == 2 * (n - 1) * m
+    seen = set()
+    for ins in interleave(program):
+        if ins.op == "send":
+            seen.add(ins.transfer_key)
+        if ins.op == "recv":
+            assert ins.transfer_key in seen
+
+
+@pytest.mark.parametrize("n,m", PIPELINES, ids=[f"{n}stages-{m}mb" for n, m in PIPELINES])
+def test_1f1b_warms_up_with_n_minus_i_minus_1_forwards(n, m):
+    for i in range(n):
+        order = compute_order("1f1b", n, m, i)
+        first_backward = order.index(("backward", 0))
+        warm = min(n - i - 1, m)
+        assert order[:warm] == tuple(("forward", k) for k in range(warm))
+        assert first_backward == min(warm + 1, m)  # warm-up, then one steady forward when one is left
+
+
+def test_an_edge_into_the_update_is_sent_once_after_the_last_microbatch():
+    edges = (Edge(1, "backward", 0, "update"),)
+    program = build_instructions("1f1b", 2, 3, edges)
+    sends = [ins for ins in program[1] if ins.op == "send"]
+    assert len(sends) == 1 and sends[0].microbatch == ONCE
+    last_backward = max(i for i, ins in enumerate(program[1]) if ins.op == "run" and ins.role == "backward")
+    assert program[1].index(sends[0]) == last_backward + 1
+    recv = next(ins for ins in program[0] if ins.op == "recv")
+    assert program[0].index(recv) == len(program[0]) - 2  # right before RUN update
+
+
+def test_unknown_schedule_kind_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown schedule kind 'zigzag'"):
+        build_instructions("zigzag", 2, 2)
+
+
+@pytest.fixture(scope="module")
+def gpt4():
+    step, params, batch = av.models.gpt(num_layers=4, hidden=32, abstract=True)
+    return av.trace(step, params, batch)
+
+
+def _with_costs(plan, fwd, bwd, upd):
+    stages = tuple(
+        dataclasses.replace(s, cost=StageCost(fwd, bwd, upd, fwd + bwd, 0.0, 0.0, 0.0)) for s in plan.stages
+    )
+    return dataclasses.replace(plan, stages=stages)
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("n,m", [(2, 4), (4, 4), (4, 6)], ids=["2x4", "4x4", "4x6"])
+def test_predicted_timeline_matches_the_pipeline_formula(gpt4, kind, n, m):
+    cuts = tuple(range(1, n))
+    plan = manual_plan(gpt4, av.Cluster.local(), stage_cuts=cuts, schedule=Schedule(kind, m))
+    assert plan.solver.status == "pinned" and UNKNOWN_COSTS_NOTE in plan.solver.notes
+    fwd, bwd, upd = 1e-3, 2e-3, 5e-4
+    timeline = predicted_timeline(_with_costs(plan, fwd, bwd, upd))
+    assert timeline.source == "predicted" and timeline.num_stages == n
+    # Uniform stages: (m + n - 1) * (t_f + t_b) for GPipe and 1F1B, then the update.
+    assert timeline.total_s == pytest.approx((m + n - 1) * (fwd + bwd) + upd)
+    runs = Counter(e.kind for e in timeline.events if e.kind not in ("send", "recv"))
+    assert runs == {"forward": n * m, "backward": n * m, "update": n}
+    assert timeline.bubble_fraction == pytest.approx(
+        1 - (m * (fwd + bwd) + upd) / timeline.total_s
+    )
+
+
+def test_predicted_timeline_prices_the_bytes_crossing_each_boundary(gpt4):
+    plan = _with_costs(
+        manual_plan(gpt4, av.Cluster.local(), stage_cuts=(2,), schedule=Schedule("1f1b", 2)), 1e-3, 1e-3, 0.0
+    )
+    timeline = predicted_timeline(plan, gpt4)
+    sends = [e for e in timeline.events if e.kind == "send"]
+    boundary = next(t for t in gpt4.tensors if t.shape == (8, 32, 32) and t.dtype == "float32")
+    expected = plan.cost_model.send_recv(boundary.nbytes, plan.cluster.intra_host)
+    forward_sends = [e for e in sends if e.stage == 0]
+    assert len(forward_sends) == 2
+    assert all(e.duration_s == pytest.approx(expected) for e in forward_sends)
+    assert timeline.total_s > predicted_timeline(plan).total_s

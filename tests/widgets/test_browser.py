@@ -1,0 +1,102 @@
+"""The panel app in a real Chromium: pin a stage cut by clicking, Re-solve, read the new plan back.
+
+`make test` installs Chromium from Debian (`make browser-deps`); when it is
+missing this test fails with that instruction instead of skipping.
+"""
+
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = pathlib.Path(__file__).parent.parent / "artifacts"
+BROWSER_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run"]
+pytestmark = pytest.mark.browser
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_port(port: int, server: subprocess.Popen, log: pathlib.Path, timeout_s: float = 240.0) -> None:
+    """Wait until the server listens (it traces and solves the model first); a connect opens no page."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"the panel app exited with code {server.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"the panel app did not listen on port {port} within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def app_url():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: run `make browser-deps` (apt-get install -y chromium) for the browser test")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        pytest.fail("Playwright's Python client is missing: pip install -e '.[test]' (no browser download needed)")
+    port = _free_port()
+    command = [sys.executable, "-m", "alpaviz", "serve", "--port", str(port), "--layers", "4"]  # av.solve plans
+    env = dict(os.environ)
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = ARTIFACTS / "browser_server.log"
+    with open(log, "w") as out:  # a file, not a pipe: a full pipe would stall the server
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_for_port(port, server, log)
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def _cuts(text: str) -> set[int]:
+    match = re.search(r"cuts at layers: ([\d, ]+|none)", text)
+    assert match, f"no plan headline in {text!r}"
+    return set() if match.group(1) == "none" else {int(c) for c in match.group(1).split(",")}
+
+
+def test_pin_a_cut_in_the_browser_and_resolve(app_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1800})
+            page.goto(app_url, timeout=120_000)
+            headline = page.get_by_text("cuts at layers")
+            headline.wait_for(timeout=120_000)
+            before = _cuts(headline.inner_text())
+            free = sorted(set(range(1, 4)) - before)
+            # pin a cut in a gap the plan does not cut; if it cuts every gap, click on to pin a no-cut
+            gap, clicks, state = (free[0], 1, "pinned cut") if free else (2, 2, "pinned no-cut")
+            for _ in range(clicks):
+                page.get_by_role("button", name=re.compile(rf"^gap {gap - 1}\|{gap} ")).click()
+                page.wait_for_timeout(300)
+            page.get_by_text(f"gap before layer {gap}: {state}").wait_for(timeout=30_000)
+            page.get_by_role("button", name="Re-solve").click()
+            page.get_by_text(re.compile(r"^re-solved in")).wait_for(timeout=60_000)
+            after = _cuts(headline.inner_text())
+            page.wait_for_timeout(1000)  # let plotly finish drawing for the screenshot
+            page.screenshot(path=str(ARTIFACTS / "browser_editor.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (gap in after) == (state == "pinned cut") and (gap in before) != (gap in after), (
+        f"pinned {state} before layer {gap}; cuts before {sorted(before)}, after {sorted(after)}")

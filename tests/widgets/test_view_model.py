@@ -1,0 +1,217 @@
+"""The editor's view model, edits and session, on a traced tiny GPT and hand-made plans."""
+
+import functools
+
+import pytest
+
+import alpaviz as av
+from alpaviz.core import Layer, PredictedCost, Schedule, SolverInfo, Stage, StageCost, graph_fingerprint
+from alpaviz.core.plan._spec import shard_shape
+from alpaviz.core.runtime._timeline import Timeline, TimelineEvent
+from alpaviz.widgets import _edits
+from alpaviz.widgets import _view_model as vm
+from alpaviz.widgets._session import EditorSession, WhatIf
+
+
+@functools.lru_cache(maxsize=None)
+def tiny_graph(num_layers: int = 4):
+    return av.trace(*av.models.gpt(num_layers=num_layers, hidden=32, heads=2, seq_len=16, vocab=64, batch_size=4))
+
+
+def hand_plan(graph, cuts=(2,), cluster=None, pins=av.Pins(), submeshes=None, microbatches=4, step_scale=1.0):
+    """A plan built by hand (no solver): stages split at `cuts`, params sharded on dim 0 where it divides."""
+    cluster = cluster or av.Cluster.a100_node(1)
+    bounds = (0, *sorted(cuts), graph.num_layers)
+    num = len(bounds) - 1
+    per = cluster.num_devices // num
+    layers = tuple(Layer(i, tuple(n.name for n in graph.nodes if n.layer == i), graph.layer_flops()[i])
+                   for i in range(graph.num_layers))
+    stages, first = [], 0
+    for i in range(num):
+        submesh, logical = (submeshes or {}).get(i, ((1, per), (per, 1)))
+        count = submesh[0] * submesh[1]
+        nodes = [n for n in graph.nodes if bounds[i] <= n.layer < bounds[i + 1]]
+        strategies = tuple((n.name, "RR = RS x SR @ {0} (allreduce @ 0)") for n in nodes if n.primitive == "dot_general")
+        specs = []
+        for name in sorted({t for n in nodes for t in n.inputs if t.startswith("params.")}):
+            shape = graph.tensor(name).shape
+            spec = tuple((("x",) if d == 0 and shape[0] % logical[0] == 0 else ()) for d in range(len(shape)))
+            specs.append((name, spec))
+        flops = sum(layers[l].flops for l in range(bounds[i], bounds[i + 1]))
+        t = step_scale * flops / 1e12
+        cost = StageCost(t, 2 * t, 0.0, 3 * t, 0.1 * t, 0.0, 1e8 * (i + 1), 1e7)
+        stages.append(Stage(i, bounds[i], bounds[i + 1], submesh, tuple(range(first, first + count)), logical,
+                            strategies, tuple(specs), cost))
+        first += count
+    slowest = max(s.cost.microbatch_s for s in stages)
+    step = sum(s.cost.microbatch_s for s in stages) + (microbatches - 1) * slowest
+    return av.Plan(
+        model=graph.name, graph_fingerprint=graph_fingerprint(graph), cluster=cluster, cost_model=av.CostModel(),
+        layers=layers, stages=tuple(stages), schedule=Schedule("1f1b", microbatches),
+        predicted=PredictedCost(step, 0.8 * step, 0.1 * step, 0.0, 0.0, 0.1 * step, 3e8, cluster.device.memory_bytes),
+        pins=pins, solver=SolverInfo("heuristic", 0.0, step, ("hand made for tests",)),
+    )
+
+
+def hand_solver(graph, *, cluster, num_microbatches, schedule, pins, progress=False, cache=None):
+    """A test double standing in for `av.solve`: honours pinned cuts and submeshes, else cuts in the middle."""
+    cuts = set(pins.stage_cuts) or {graph.num_layers // 2}
+    cuts -= set(pins.forbidden_cuts)
+    if pins.num_stages is not None and len(cuts) + 1 != pins.num_stages:
+        raise ValueError(f"hand solver: {len(cuts) + 1} stages but {pins.num_stages} pinned")
+    submeshes = {s: (m, pins.logical_mesh_map.get(s, (m[0] * m[1], 1))) for s, m in pins.submesh_map.items()}
+    used = sum(m[0] * m[1] for m, _ in submeshes.values())
+    if used > cluster.num_devices:
+        raise ValueError(f"pinned submeshes use {used} devices but the cluster has {cluster.num_devices}")
+    return hand_plan(graph, tuple(sorted(cuts)), cluster, pins, submeshes, num_microbatches)
+
+
+def test_layer_graph_view_colours_by_stage_and_links_layers():
+    graph = tiny_graph()
+    plan = hand_plan(graph, cuts=(1, 3))
+    view = vm.layer_graph_view(graph, plan)
+    assert [n.stage for n in view.nodes] == [0, 1, 1, 2]
+    assert [n.flops for n in view.nodes] == list(graph.layer_flops())
+    assert (0, 1) in view.edges and (1, 2) in view.edges  # the forward activations
+    assert all(a != b for a, b in view.edges)
+
+
+def test_op_graph_view_is_layered_and_truncates_big_graphs():
+    graph = tiny_graph()
+    plan = hand_plan(graph)
+    view = vm.op_graph_view(graph, plan, layers=[1])
+    assert {graph.node(n.key).layer for n in view.nodes} == {1}
+    # every edge goes from an earlier generation (smaller x) to a later one
+    assert view.edges and all(view.nodes[a].x < view.nodes[b].x for a, b in view.edges)
+    dot = next(n for n in view.nodes if n.label == "dot_general")
+    assert "strategy: RR" in dot.hover and "in: (" in dot.hover
+    small = vm.op_graph_view(graph, plan, max_nodes=50)
+    assert len(small.nodes) == 50 and small.truncated == len(graph.nodes) - 50
+    assert min(n.flops for n in small.nodes) >= sorted((n.flops for n in graph.nodes), reverse=True)[49]
+
+
+@pytest.mark.parametrize(
+    "shape,spec,mesh",
+    [((8, 6), (("x",), ()), (2, 2)), ((8, 6), (("x",), ("y",)), (2, 3)), ((8, 6), (("x", "y"), ()), (2, 2)),
+     ((8,), ((),), (4, 1))],
+    ids=["rows-on-x", "both-axes", "two-axes-one-dim", "replicated"],
+)
+def test_device_blocks_tile_the_tensor(shape, spec, mesh):
+    import numpy as np
+
+    devices = tuple(range(10, 10 + mesh[0] * mesh[1]))
+    blocks = vm.device_blocks(shape, spec, mesh, devices)
+    block = shard_shape(shape, spec, mesh)
+    cover = np.zeros(shape, int)
+    for b in blocks:
+        assert tuple(stop - start for start, stop in b.slices) == block
+        cover[tuple(slice(a, z) for a, z in b.slices)] += 1
+    replicas = (mesh[0] * mesh[1] * int(np.prod(block))) // int(np.prod(shape))
+    assert (cover == replicas).all()  # each element held by the same number of devices
+    assert [b.device_id for b in blocks] == list(devices)
+
+
+def test_cut_slots_and_stage_bands_show_plan_and_pins():
+    graph = tiny_graph()
+    pins = av.Pins().with_cut(1).with_no_cut(2).with_submesh(0, (1, 4), (2, 2))
+    plan = hand_plan(graph, cuts=(1, 3), pins=pins)
+    slots = vm.cut_slots(plan, pins)
+    assert [(s.layer, s.is_cut, s.pinned) for s in slots] == [(1, True, "cut"), (2, False, "no_cut"), (3, True, None)]
+    assert "pinned cut" in slots[0].label and "no cut" in slots[1].label
+    bands = vm.stage_bands(plan, pins)
+    assert [b.pinned_submesh for b in bands] == [(1, 4), None, None]
+    assert ((1, 4), (2, 2)) in bands[0].submesh_options
+
+
+def test_sharding_and_strategy_rows():
+    graph = tiny_graph()
+    plan = hand_plan(graph)
+    pins = av.Pins().with_partition_spec("params.wte", (("x",), ()))
+    rows = vm.sharding_rows(graph, plan, pins)
+    assert rows[0].tensor.startswith("params.")
+    wte = next(r for r in rows if r.tensor == "params.wte")
+    assert wte.pinned and wte.name == "S0R" and wte.shard_shape == (64 // 4, 32) and len(wte.blocks) == 4
+    from alpaviz.core import to_partition_spec
+
+    assert wte.partition_spec == str(to_partition_spec(wte.spec)).replace("PartitionSpec", "P")
+    strategies = vm.strategy_rows(graph, plan, pins, lambda node, stage: ("RR", "SR"))
+    assert strategies and all(r.options[0].startswith("RR =") and "SR" in r.options for r in strategies)
+    top = vm.costliest_operator(graph, strategies)
+    assert graph.node(top).flops == max(graph.node(r.node).flops for r in strategies)
+
+
+def test_gantt_bars_and_cost_view():
+    timeline = Timeline((TimelineEvent(1, 0, "forward", 1.0, 2.0), TimelineEvent(0, 0, "forward", 0.0, 1.0),
+                         TimelineEvent(0, 0, "send", 1.0, 1.1)), 2, 1, "gpipe", "predicted")
+    bars = vm.gantt_bars(timeline)
+    assert [(b.stage, b.kind) for b in bars] == [(0, "forward"), (1, "forward")] and bars[0].label == "F0"
+    graph = tiny_graph()
+    old, new = hand_plan(graph), hand_plan(graph, step_scale=0.5)
+    view = vm.cost_view(new, old)
+    assert view.delta_s == pytest.approx(new.predicted.step_time_s - old.predicted.step_time_s)
+    assert "-50.0%" in view.headline and view.over_memory == ()
+    assert dict(view.breakdown)["bubble"] == new.predicted.bubble_s
+
+
+@pytest.mark.parametrize("start,expected", [((), "cut"), ((2,), "no_cut"), ("no", None)], ids=["free", "cut", "no-cut"])
+def test_cycle_cut(start, expected):
+    pins = av.Pins().with_no_cut(2) if start == "no" else av.Pins(stage_cuts=start)
+    after = _edits.cycle_cut(pins, 2)
+    state = "cut" if 2 in after.stage_cuts else "no_cut" if 2 in after.forbidden_cuts else None
+    assert state == expected
+
+
+def test_session_resolve_honours_pins_and_keeps_plan_on_failure():
+    graph = tiny_graph()
+    session = EditorSession(graph, hand_plan(graph), solver=hand_solver)
+    assert session.plan.stage_cuts == (2,)
+    session.toggle_cut(1)
+    session.toggle_cut(3)
+    assert session.pins.stage_cuts == (1, 3)
+    outcome = session.resolve()
+    assert outcome.ok and session.plan.stage_cuts == (1, 3) and session.previous.stage_cuts == (2,)
+    good = session.plan
+    session.pin_submesh(0, ((1, 8), (8, 1)))
+    session.pin_submesh(1, ((1, 8), (8, 1)))
+    outcome = session.resolve()
+    assert not outcome.ok and "infeasible" in outcome.message and "16 devices" in outcome.message
+    assert session.plan is good  # the previous plan stays shown
+
+
+def test_session_whatif_replans_and_without_solver_says_so():
+    graph = tiny_graph()
+    session = EditorSession(graph, hand_plan(graph), solver=hand_solver)
+    session.set_whatif(WhatIf(8, "gpipe", av.Cluster.v100_node(1)).with_bandwidths(10, 1))
+    assert session.plan.schedule.num_microbatches == 8 and session.plan.cluster.device.name == "V100-16GB"
+    assert session.plan.cluster.intra_host.bandwidth_bytes_per_s == 10e9
+    with pytest.raises(ValueError, match="unknown cluster preset"):
+        WhatIf().with_preset("tpu", 1)
+    lonely = EditorSession(graph, hand_plan(graph), solver=None)
+    lonely.solver = None
+    assert "not available" in lonely.resolve().message
+
+
+def test_session_keeps_the_cache_it_is_given():
+    class EmptyCache:
+        def __len__(self):
+            return 0
+
+    cache = EmptyCache()
+    graph = tiny_graph()
+    seen = []
+    session = EditorSession(graph, hand_plan(graph), solver=lambda g, **kw: seen.append(kw["cache"]) or hand_plan(g),
+                            solve_options={"cache": cache})
+    assert session.resolve().ok and seen == [cache]
+
+
+def test_session_save_and_load_round_trip(tmp_path):
+    graph = tiny_graph()
+    session = EditorSession(graph, hand_plan(graph), solver=hand_solver)
+    session.toggle_cut(3)
+    path = str(tmp_path / "plan.json")
+    assert session.save(path).ok
+    other = EditorSession(graph, hand_plan(graph, cuts=(1,)), solver=hand_solver)
+    assert other.load(path).ok and other.plan.stage_cuts == (2,) and other.pins.stage_cuts == (3,)
+    (tmp_path / "bad.json").write_text("{oops")
+    bad = other.load(str(tmp_path / "bad.json"))
+    assert not bad.ok and "not valid JSON" in bad.message and other.plan.stage_cuts == (2,)
