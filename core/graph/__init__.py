@@ -7,6 +7,10 @@ from alpaviz.core.graph._op_graph import OpGraph as OpGraph
 from alpaviz.core.graph._op_graph import OpNode as OpNode
 from alpaviz.core.graph._op_graph import Role as Role
 from alpaviz.core.graph._op_graph import TensorInfo as TensorInfo
+from alpaviz.core.graph._op_graph import dtype_itemsize as dtype_itemsize
+from alpaviz.core.graph._op_graph import dtype_name as dtype_name
+from alpaviz.core.graph._op_graph import is_float_dtype as is_float_dtype
+from alpaviz.core.graph._step_structure import StepStructureError as StepStructureError
 from alpaviz.core.graph._trace import trace as trace
 from alpaviz.core.graph._markers import mark_layer as mark_layer
 from alpaviz.core.graph._flops import DATA_MOVEMENT as DATA_MOVEMENT
@@ -17,6 +21,7 @@ from alpaviz.core.graph._interpret import as_function as as_function
 from alpaviz.core.graph._interpret import evaluate as evaluate
 from alpaviz.core.graph._layers import assign_backward_layers as assign_backward_layers
 from alpaviz.core.graph._layers import cut_bytes as cut_bytes
+from alpaviz.core.graph._layers import follow_dataflow as follow_dataflow
 from alpaviz.core.graph._microbatch import microbatch_args as microbatch_args
 from alpaviz.core.graph._microbatch import split_microbatch as split_microbatch
 
@@ -25,8 +30,12 @@ __all__ = [
     "assign_backward_layers",
     "cut_bytes",
     "DATA_MOVEMENT",
+    "dtype_itemsize",
+    "dtype_name",
     "ELEMENTWISE",
     "evaluate",
+    "follow_dataflow",
+    "is_float_dtype",
     "mark_layer",
     "microbatch_args",
     "OpGraph",
@@ -35,6 +44,7 @@ __all__ = [
     "REDUCTIONS",
     "Role",
     "split_microbatch",
+    "StepStructureError",
     "TensorInfo",
     "trace",
 ]

@@ -56,7 +56,28 @@ def assign_backward_layers(graph: OpGraph, forward_layer: dict[str, int]) -> dic
             from_params = [first_reader[t] for t in node.inputs if t in first_reader]
             from_nodes = [result[p] for p in producers if p is not None and p in result]
             result[node.name] = min(from_params or from_nodes or [0])
-    return result
+    return follow_dataflow(graph, result)
+
+
+def follow_dataflow(graph: OpGraph, layer_of: dict[str, int]) -> dict[str, int]:
+    """Move operators so that no cut between layers has data flowing against the pipeline.
+
+    A forward operator sits no earlier than the forward operators it reads
+    from, a backward operator no later than the backward operators it reads
+    from; then every cut the planner may choose is one the runtime can run.
+    """
+    out = dict(layer_of)
+    producer = {t: n for n in graph.nodes for t in n.outputs}
+    for node in graph.nodes:
+        same_role = [out[producer[t].name] for t in node.inputs
+                     if t in producer and producer[t].role == node.role and producer[t].name in out]
+        if not same_role or node.name not in out:
+            continue
+        if node.role == "forward":
+            out[node.name] = max(out[node.name], *same_role)
+        elif node.role == "backward":
+            out[node.name] = min(out[node.name], *same_role)
+    return out
 
 
 def cut_bytes(graph: OpGraph) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -20,6 +20,28 @@ TensorKind = Literal["input", "constant", "intermediate"]
 
 ROLES: tuple[Role, ...] = ("forward", "backward", "update")
 
+# Bytes per element of JAX's typed PRNG keys, which numpy has no dtype for.
+_KEY_ITEMSIZE = {"key<fry>": 8, "key<rbg>": 16, "key<unsafe_rbg>": 16}
+
+
+def dtype_name(dtype: Any) -> str:
+    """A dtype as a plain string: numpy's name, or JAX's for typed PRNG keys (`key<fry>`)."""
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
+def dtype_itemsize(name: str) -> int:
+    """Bytes per element of a dtype named by `dtype_name`."""
+    if name.startswith("key<"):
+        return _KEY_ITEMSIZE.get(name, 16)
+    return np.dtype(name).itemsize
+
+
+def is_float_dtype(name: str) -> bool:
+    return not name.startswith("key<") and bool(np.issubdtype(np.dtype(name), np.inexact))
+
 
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
@@ -37,7 +59,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
+        return self.size * dtype_itemsize(self.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +83,7 @@ class OpNode:
     layer: int
     scope: str = ""
     note: str = ""
+    source: str = dataclasses.field(default="", compare=False)  # the user's line, "file:line (function)"
     # Raw JAX objects for the runtime; not compared, hashed or serialised.
     jax_primitive: Any = dataclasses.field(default=None, compare=False, repr=False)
     jax_params: Any = dataclasses.field(default=None, compare=False, repr=False)
@@ -79,6 +102,8 @@ class OpGraph:
 
     `inputs` are the flattened arguments of the traced function (pytree
     order, named by key path), `outputs` its flattened results.
+    `batch_inputs` are the inputs split into microbatches (the leaves of
+    arguments `batch_argnums`), and `batch_note` says how they were found.
     """
 
     name: str
@@ -91,6 +116,9 @@ class OpGraph:
     in_tree: Any = dataclasses.field(default=None, compare=False, repr=False)
     out_tree: Any = dataclasses.field(default=None, compare=False, repr=False)
     constants: Any = dataclasses.field(default=None, compare=False, repr=False)
+    batch_inputs: tuple[str, ...] = ()
+    batch_argnums: tuple[int, ...] = ()
+    batch_note: str = ""
 
     @cached_property
     def node_by_name(self) -> Mapping[str, OpNode]:

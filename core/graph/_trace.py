@@ -2,8 +2,10 @@
 
 The step is turned into a jaxpr with `jax.make_jaxpr`; call-like primitives
 (jit, custom_jvp/vjp, checkpoint) are inlined so that every node is one real
-primitive.  Control flow (scan, while, cond) stays one node each, with its
-FLOPs estimated from the body and a note saying so.
+primitive, with the call's name stack prefixed to its body's.  Control flow
+(scan, while, cond) stays one node each, with its FLOPs estimated from the
+body and a note saying so.  Roles (forward, backward, update) come from the
+dataflow (`_step_structure`).
 """
 
 from __future__ import annotations
@@ -11,16 +13,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 from jax.extend import core as jex_core
+from jax.extend import source_info_util
 
 from alpaviz.core.graph._flops import primitive_flops
 from alpaviz.core.graph._markers import LAYER_BOUNDARY
-from alpaviz.core.graph._op_graph import OpGraph, OpNode, TensorInfo
 from alpaviz.core.graph._layers import assign_backward_layers
+from alpaviz.core.graph._op_graph import OpGraph, OpNode, TensorInfo, dtype_name
+from alpaviz.core.graph._step_structure import RawOp, StepStructureError, find_batch_argnums, infer_roles
 
 # Call-like primitives whose body is spliced into the graph.
 _INLINED = frozenset(
@@ -30,14 +34,22 @@ _INLINED = frozenset(
 _SUBJAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
-def trace(fn: Callable[..., Any], *example_args: Any, name: str | None = None) -> OpGraph:
+def trace(
+    fn: Callable[..., Any],
+    *example_args: Any,
+    name: str | None = None,
+    batch_argnums: Sequence[int] | None = None,
+) -> OpGraph:
     """Trace `fn(*example_args)` into an operator graph.
 
     `example_args` may be real arrays or `jax.ShapeDtypeStruct`s; nothing is
-    executed or allocated.
+    executed or allocated.  `batch_argnums` names the arguments split into
+    microbatches; by default they are found (`graph.batch_note` says how):
+    the arguments the step does not return updated, whose leaves share one
+    leading dimension.
 
     Example:
-        >>> graph = av.trace(train_step, params, batch)
+        >>> graph = av.trace(train_step, params, opt_state, batch)
         >>> print(graph.summary())
     """
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
@@ -45,9 +57,11 @@ def trace(fn: Callable[..., Any], *example_args: Any, name: str | None = None) -
     input_names = _input_names(fn, example_args)
     outer_inputs = [builder.add_input(n, v.aval) for n, v in zip(input_names, closed.jaxpr.invars)]
     const_names = [builder.add_constant(c) for c in closed.consts]
-    outputs = builder.walk(closed.jaxpr, const_names, outer_inputs)
+    outputs = builder.walk(closed.jaxpr, const_names, outer_inputs, "")
     output_names = tuple(builder.name_output(i, t) for i, t in enumerate(outputs))
-    nodes, marked = _assign_roles_and_layers(builder)
+    batch_nums, batch_note = _batch_argnums(example_args, out_shape, batch_argnums)
+    batch_inputs = _leaves_of(example_args, batch_nums, outer_inputs)
+    nodes, marked = _assign_roles_and_layers(builder, output_names, batch_inputs)
     graph = OpGraph(
         name=name or getattr(fn, "__name__", "step"),
         nodes=nodes,
@@ -58,12 +72,34 @@ def trace(fn: Callable[..., Any], *example_args: Any, name: str | None = None) -
         in_tree=jax.tree.structure(example_args),
         out_tree=jax.tree.structure(out_shape),
         constants=builder.constants,
+        batch_inputs=batch_inputs,
+        batch_argnums=batch_nums,
+        batch_note=batch_note,
     )
     # Update operators take the layer of the parameter (or gradient) they update.
     full = assign_backward_layers(graph, marked)
     # Drop empty layers (e.g. a marker on the very last forward value).
     compact = {old: new for new, old in enumerate(sorted(set(full.values())))}
     return graph.with_layers({node: compact[layer] for node, layer in full.items()})
+
+
+def _batch_argnums(args: tuple[Any, ...], out_shape: Any, given: Sequence[int] | None) -> tuple[tuple[int, ...], str]:
+    if given is not None:
+        nums = tuple(int(i) for i in given)
+        for i in nums:
+            if not 0 <= i < len(args):
+                raise ValueError(f"batch_argnums {nums} names argument {i}, but the step takes {len(args)}")
+        return nums, f"argument(s) {list(nums)} are the batch (batch_argnums)"
+    try:
+        return find_batch_argnums(args, out_shape)
+    except StepStructureError as err:
+        return (), str(err)
+
+
+def _leaves_of(args: tuple[Any, ...], argnums: Sequence[int], names: Sequence[str]) -> tuple[str, ...]:
+    counts = [len(jax.tree.leaves(a)) for a in args]
+    starts = np.cumsum([0, *counts])
+    return tuple(names[j] for i in sorted(argnums) for j in range(starts[i], starts[i + 1]))
 
 
 def _input_names(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[str]:
@@ -116,7 +152,7 @@ class _GraphBuilder:
         self.tensors[name] = TensorInfo(
             name=name,
             shape=tuple(int(d) for d in aval.shape),
-            dtype=np.dtype(aval.dtype).name,
+            dtype=dtype_name(aval.dtype),
             kind=kind,  # type: ignore[arg-type]
             producer=producer,
         )
@@ -134,7 +170,8 @@ class _GraphBuilder:
     def name_output(self, index: int, tensor: str) -> str:
         return tensor
 
-    def walk(self, jaxpr: Any, consts: list[str], inputs: list[str]) -> list[str]:
+    def walk(self, jaxpr: Any, consts: list[str], inputs: list[str], scope: str, source: str = "") -> list[str]:
+        """Add `jaxpr`'s equations; `scope` and `source` are those of the call it is the body of."""
         env: dict[Any, str] = {}
         for var, name in zip(jaxpr.constvars, consts):
             env[var] = name
@@ -152,14 +189,15 @@ class _GraphBuilder:
             if sub is not None and eqn.primitive.name in _INLINED:
                 inner, inner_consts = sub
                 const_names = [self.add_constant(c) for c in inner_consts]
-                out_names = self.walk(inner, const_names, in_names)
+                out_names = self.walk(inner, const_names, in_names, _join(scope, eqn.source_info.name_stack),
+                                      _source(eqn) or source)
             else:
-                out_names = self._add_node(eqn, in_names)
+                out_names = self._add_node(eqn, in_names, scope, source)
             for var, name in zip(eqn.outvars, out_names):
                 env[var] = name
         return [read(v) for v in jaxpr.outvars]
 
-    def _add_node(self, eqn: Any, in_names: list[str]) -> list[str]:
+    def _add_node(self, eqn: Any, in_names: list[str], scope: str, source: str) -> list[str]:
         index = len(self.raw_nodes)
         prim = eqn.primitive.name
         node_name = f"n{index}_{prim}"
@@ -179,13 +217,25 @@ class _GraphBuilder:
                 flops=flops,
                 bytes_read=sum(self.tensors[n].nbytes for n in in_names),
                 bytes_written=sum(self.tensors[n].nbytes for n in out_names),
-                scope=str(eqn.source_info.name_stack),
+                scope=_join(scope, eqn.source_info.name_stack),
+                source=_source(eqn) or source,
                 note=note,
                 jax_primitive=eqn.primitive,
                 jax_params=dict(eqn.params),
             )
         )
         return out_names
+
+
+def _source(eqn: Any) -> str:
+    """The user's line that made `eqn` ("file:line (function)"), or "" when JAX kept none."""
+    text = source_info_util.summarize(eqn.source_info)
+    return "" if text.startswith("unknown") else text
+
+
+def _join(outer: str, name_stack: Any) -> str:
+    inner = str(name_stack)
+    return f"{outer}/{inner}" if outer and inner else outer or inner
 
 
 def _subjaxpr(eqn: Any) -> tuple[Any, list[Any]] | None:
@@ -229,26 +279,12 @@ def _node_flops(eqn: Any, prim: str, in_shapes, out_shapes, plain) -> tuple[floa
     return primitive_flops(prim, in_shapes, out_shapes, plain), ""
 
 
-def _role_from_scope(scope: str) -> str | None:
-    if "transpose(" in scope:
-        return "backward"
-    if "jvp(" in scope:
-        return "forward"
-    return None
-
-
-def _assign_roles_and_layers(builder: _GraphBuilder) -> tuple[tuple[OpNode, ...], dict[str, int]]:
-    """Roles from JAX's AD name stack; forward and backward layers from the layer-boundary markers."""
-    producer_role: dict[str, str] = {}
-    roles: list[str] = []
-    for raw in builder.raw_nodes:
-        role = _role_from_scope(raw["scope"])
-        if role is None:
-            after_grad = any(producer_role.get(t) in ("backward", "update") for t in raw["inputs"])
-            role = "update" if after_grad else "forward"
-        roles.append(role)
-        for t in raw["outputs"]:
-            producer_role[t] = role
+def _assign_roles_and_layers(
+    builder: _GraphBuilder, outputs: Sequence[str], batch_inputs: Sequence[str],
+) -> tuple[tuple[OpNode, ...], dict[str, int]]:
+    """Roles from the dataflow; forward and backward layers from the layer-boundary markers."""
+    ops = [RawOp(r["name"], r["inputs"], r["outputs"], r["scope"], r["source"]) for r in builder.raw_nodes]
+    roles = infer_roles(ops, outputs, batch_inputs)
 
     def is_marker(raw: dict[str, Any], phase: str) -> bool:
         return raw["primitive"] == LAYER_BOUNDARY and dict(raw["params"]).get("phase") == phase

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from alpaviz.core.cost import CostModel, CostModelProtocol, DeviceSpec, LogicalMesh
-from alpaviz.core.graph import OpGraph, OpNode, TensorInfo
+from alpaviz.core.graph import OpGraph, OpNode, TensorInfo, dtype_itemsize
 from alpaviz.core.intra_op._dim_labels import IDENTITY, DimLabels, dim_labels, is_free
 from alpaviz.core.plan import Spec, replicated, spec_name
 
@@ -59,7 +59,7 @@ class Strategy:
 
 @functools.lru_cache(maxsize=None)
 def _itemsize(dtype: str) -> int:
-    return np.dtype(dtype).itemsize
+    return dtype_itemsize(dtype)
 
 
 def tensor_bytes(tensor: TensorInfo) -> int:

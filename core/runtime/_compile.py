@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from alpaviz.core.graph import OpGraph, microbatch_args, trace
+from alpaviz.core.graph import OpGraph, dtype_name, microbatch_args, trace
 from alpaviz.core.plan import Plan, check_spec, graph_fingerprint
 from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge, analyze
 from alpaviz.core.runtime._schedule import Instruction, Program, build_instructions, interleave
@@ -34,6 +34,10 @@ class CompiledStep:
     batch_inputs: tuple[str, ...]
     aliases: tuple[tuple[str, str], ...]
     num_microbatches: int
+    batch_argnums: tuple[int, ...] = ()
+    # (input name, shape, dtype) of every argument leaf at the global batch: each call is checked against it
+    arg_specs: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+    accumulate: str = "mean"
 
     @functools.cached_property
     def _edges(self) -> dict[tuple, TensorEdge]:
@@ -48,17 +52,28 @@ def compile_step(
     train_step: Callable[..., Any],
     plan: Plan,
     example_args: Sequence[Any],
-    batch_argnums: Sequence[int] = (1,),
+    batch_argnums: Sequence[int] | None = None,
     graph: OpGraph | None = None,
+    loss_reduction: str = "auto",
 ) -> CompiledStep:
-    """Trace `train_step` at microbatch size and cut it into the plan's tasks and instruction lists."""
+    """Trace `train_step` at microbatch size and cut it into the plan's tasks and instruction lists.
+
+    `batch_argnums=None` takes the batch arguments the trace found.
+    `loss_reduction` says how gradients and scalar outputs of microbatches
+    combine: "mean" (a loss averaged over the batch), "sum", or "auto": a
+    mean when the step divides by a constant that scales with the batch
+    size, a sum when no constant does.
+    """
     args = tuple(example_args)
     m = plan.schedule.num_microbatches
-    micro = microbatch_args(args, batch_argnums, m)
     abstract = microbatch_args(args, (), 1)
     name = getattr(train_step, "__name__", "step")
-    full = graph if graph is not None else trace(train_step, *abstract, name=name)
-    mb_graph = full if m == 1 else trace(train_step, *micro, name=name)
+    full = graph if graph is not None else trace(train_step, *abstract, name=name, batch_argnums=batch_argnums)
+    nums = tuple(batch_argnums) if batch_argnums is not None else full.batch_argnums
+    if m > 1 and not nums:
+        raise ValueError(f"cannot split {name!r} into {m} microbatches: {full.batch_note}")
+    micro = microbatch_args(args, nums, m)
+    mb_graph = full if m == 1 else trace(train_step, *micro, name=name, batch_argnums=nums)
     if plan.graph_fingerprint not in (graph_fingerprint(full), graph_fingerprint(mb_graph)):
         raise ValueError(
             f"the plan was made for model {plan.model!r} with a different operator graph than "
@@ -68,10 +83,10 @@ def compile_step(
     plan = _fit_specs_to_microbatch(plan, full, mb_graph)
     counts = [len(jax.tree.leaves(a)) for a in args]
     starts = np.cumsum([0] + counts)
-    batch_inputs = tuple(
-        mb_graph.inputs[j] for i in batch_argnums for j in range(starts[i], starts[i + 1])
-    )
-    flow = analyze(mb_graph, plan, batch_inputs)
+    batch_inputs = tuple(mb_graph.inputs[j] for i in nums for j in range(starts[i], starts[i + 1]))
+    accumulate = _accumulation(full, mb_graph, m, loss_reduction, name)
+    flow = analyze(mb_graph, plan, batch_inputs, per_example=_per_example_outputs(full, mb_graph, m),
+                   accumulate=accumulate)
     program = build_instructions(plan.schedule.kind, plan.num_stages, m, flow.edges)
     return CompiledStep(
         graph=mb_graph,
@@ -82,6 +97,66 @@ def compile_step(
         batch_inputs=batch_inputs,
         aliases=tuple(sorted(_aliases(mb_graph).items())),
         num_microbatches=m,
+        batch_argnums=nums,
+        arg_specs=tuple((t, full.tensor(t).shape, full.tensor(t).dtype) for t in full.inputs),
+        accumulate=accumulate,
+    )
+
+
+def check_args(compiled: CompiledStep, leaves: Sequence[Any]) -> None:
+    """Every call must bring the shapes and dtypes the step was compiled for (checked on each call)."""
+    for leaf, (name, shape, dtype) in zip(leaves, compiled.arg_specs):
+        got_shape = tuple(np.shape(leaf)) if not hasattr(leaf, "shape") else tuple(leaf.shape)
+        got_dtype = dtype_name(getattr(leaf, "dtype", None) or jax.numpy.result_type(leaf))
+        if got_shape != shape or got_dtype != dtype:
+            m = compiled.num_microbatches
+            hint = (f" (the batch: {shape[0]} rows, {m} microbatches of {shape[0] // m})"
+                    if name in compiled.batch_inputs and shape else "")
+            raise ValueError(
+                f"argument {name!r} is {got_dtype}{list(got_shape)}, but the step was compiled for "
+                f"{dtype}{list(shape)}{hint}; call it with the shapes of the first call, or build a new step "
+                f"with av.parallelize for the new shapes"
+            )
+
+
+def _per_example_outputs(full: OpGraph, mb_graph: OpGraph, m: int) -> frozenset[str]:
+    """Outputs whose rows are examples: their leading dim grows with the batch (concatenated)."""
+    out = set()
+    for a, b in zip(full.outputs, mb_graph.outputs):
+        big, small = full.tensor(a).shape, mb_graph.tensor(b).shape
+        if big == small:
+            continue
+        if not small or big[0] != m * small[0] or big[1:] != small[1:]:
+            raise ValueError(
+                f"output {b!r} has shape {list(big)} for the whole batch but {list(small)} for one microbatch "
+                f"of {m}; only outputs whose leading dim is the batch can be reassembled from microbatches"
+            )
+        out.add(b)
+    return frozenset(out)
+
+
+def _accumulation(full: OpGraph, mb_graph: OpGraph, m: int, loss_reduction: str, name: str) -> str:
+    """How microbatch gradients and scalar outputs combine: "mean" or "sum" (see `compile_step`)."""
+    if loss_reduction in ("mean", "sum"):
+        return loss_reduction
+    if loss_reduction != "auto":
+        raise ValueError(f"loss_reduction must be 'auto', 'mean' or 'sum', got {loss_reduction!r}")
+    if m == 1:
+        return "mean"
+    ratios = set()
+    for key, big in (full.constants or {}).items():
+        small = (mb_graph.constants or {}).get(key)
+        if small is None or np.ndim(big) or np.ndim(small) or not np.isfinite(big) or not small:
+            continue
+        if float(big) != float(small):
+            ratios.add(float(big) / float(small))
+    if not ratios:
+        return "sum"
+    if all(np.isclose(r, m) or np.isclose(r, 1 / m) for r in ratios):
+        return "mean"
+    raise ValueError(
+        f"cannot tell whether {name!r}'s loss is a mean or a sum over the batch (constants change by "
+        f"{sorted(ratios)} between the batch and a microbatch of 1/{m}); pass loss_reduction='mean' or 'sum'"
     )
 
 

@@ -1,17 +1,13 @@
 """Which operators run where and when: a plan's stages split into per-microbatch and per-step tasks.
 
-Every stage gets three tasks: `forward` and `backward` (run once per
-microbatch) and `update` (run once per step).  The tracer's roles are a
-starting point, refined here for execution:
-
-* an "update" node whose result feeds a forward/backward node is really part
-  of the backward pass (e.g. an `add_any` of two cotangents outside AD's
-  name scope), so it runs per microbatch;
-* a forward node that does not depend on the batch and feeds only the
-  update (an optimizer's step counter, Adam's moment decay) runs once per
-  step instead of once per microbatch;
-* nodes computed from constants only (zeros, iotas) are recomputed inside
-  each task that reads them rather than shipped between meshes.
+Every stage gets `forward` and `backward` tasks (run once per microbatch)
+and `update` tasks (run once per step), from the roles the trace found in
+the step's dataflow.  When one stage's update reads another stage's update
+(global-norm clipping sums every stage's gradients), the update runs in
+levels (`update`, `update1`, ...), values crossing stages only from one level
+to the next.  Nodes computed from constants only (zeros, iotas) are
+recomputed inside each task that reads them rather than shipped between
+meshes.
 
 Everything here is plain data over node and tensor names; no JAX.
 """
@@ -21,13 +17,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Collection, Literal, Mapping
 
-import numpy as np
-
-from alpaviz.core.graph import OpGraph, Role
-from alpaviz.core.runtime._schedule import Edge
+from alpaviz.core.graph import OpGraph, Role, is_float_dtype
+from alpaviz.core.runtime._schedule import Edge, is_update, update_role
 
 PER_MICROBATCH: tuple[Role, ...] = ("forward", "backward")
-Reduction = Literal["mean", "last"]
+# How values made once per microbatch become one value for the step: averaged or summed (gradients,
+# losses), concatenated along dim 0 (per-example outputs), or the last one (batch-independent values).
+Reduction = Literal["mean", "sum", "concat", "last"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +31,7 @@ class Task:
     """The nodes of one stage and role, with the tensors that cross its boundary."""
 
     stage: int
-    role: Role
+    role: str  # forward, backward, or an update level (update, update1, ...)
     nodes: tuple[str, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -53,9 +49,9 @@ class Dataflow:
     """Tasks per stage, the edges between them and how per-microbatch results combine.
 
     `reduction[t]` says how a tensor made once per microbatch but read once
-    per step (a gradient, the loss, a step counter) becomes one value:
-    "mean" over microbatches for batch-dependent values, "last" for values
-    that do not depend on the batch.
+    per step or returned (a gradient, the loss, per-example logits) becomes
+    one value (see `Reduction`).  `update_levels` is how many update tasks
+    each stage has.
     """
 
     num_stages: int
@@ -63,7 +59,7 @@ class Dataflow:
     edges: tuple[TensorEdge, ...]
     producer_task: tuple[tuple[str, tuple[int, str]], ...]
     reduction: tuple[tuple[str, Reduction], ...]
-    update_order: tuple[int, ...]
+    update_levels: int = 1
 
     def task(self, stage: int, role: str) -> Task:
         for t in self.tasks:
@@ -99,14 +95,22 @@ def node_stages(graph: OpGraph, plan) -> dict[str, int]:
     return out
 
 
-def analyze(graph: OpGraph, plan, batch_inputs: Collection[str] = ()) -> Dataflow:
+def analyze(
+    graph: OpGraph,
+    plan,
+    batch_inputs: Collection[str] = (),
+    *,
+    per_example: Collection[str] = (),
+    accumulate: Literal["mean", "sum"] = "mean",
+) -> Dataflow:
     """Split the plan's stages into tasks and find the edges between them.
 
     `batch_inputs` are the graph inputs split into microbatches; a tensor
-    depends on the batch when it is computed from one of them.  Raises a
-    ValueError when data would flow against the pipeline (a later stage's
-    forward feeding an earlier stage's forward, or a backward feeding a
-    forward), which no schedule can run.
+    depends on the batch when it is computed from one of them.
+    `per_example` outputs are concatenated over microbatches; other
+    batch-dependent values that leave the per-microbatch passes are
+    combined by `accumulate`.  Raises a ValueError when data would flow
+    against the pipeline, which no schedule can run.
     """
     stage_of = node_stages(graph, plan)
     constants = set(graph.constants or {})
@@ -125,24 +129,11 @@ def analyze(graph: OpGraph, plan, batch_inputs: Collection[str] = ()) -> Dataflo
         if any(t in batch_dep for t in node.inputs):
             batch_dep.update(node.outputs)
 
-    exec_role: dict[str, Role] = {}
-    for node in reversed(graph.nodes):
-        if node.name in const_nodes:
-            continue
-        readers = {exec_role[c] for t in node.outputs for c in graph.consumers[t] if c in exec_role}
-        feeds_microbatch = bool(readers & set(PER_MICROBATCH))
-        if node.role == "update":
-            exec_role[node.name] = "backward" if feeds_microbatch else "update"
-        elif node.role == "forward":
-            depends = any(t in batch_dep for t in node.outputs)
-            exec_role[node.name] = "forward" if depends or feeds_microbatch else "update"
-        else:
-            exec_role[node.name] = "backward"
-
-    task_of_tensor: dict[str, tuple[int, Role]] = {}
-    members: dict[tuple[int, Role], list[str]] = {
-        (s, r): [] for s in range(plan.num_stages) for r in ("forward", "backward", "update")
-    }
+    exec_role = _task_roles(graph, stage_of, const_nodes, producer)
+    levels = 1 + max((int(r[len("update"):] or 0) for r in exec_role.values() if is_update(r)), default=0)
+    roles = ("forward", "backward", *(update_role(level) for level in range(levels)))
+    task_of_tensor: dict[str, tuple[int, str]] = {}
+    members: dict[tuple[int, str], list[str]] = {(s, r): [] for s in range(plan.num_stages) for r in roles}
     for node in graph.nodes:
         if node.name in const_nodes:
             continue
@@ -151,7 +142,7 @@ def analyze(graph: OpGraph, plan, batch_inputs: Collection[str] = ()) -> Dataflo
         for t in node.outputs:
             task_of_tensor[t] = key
 
-    reads: dict[tuple[int, Role], list[str]] = {}
+    reads: dict[tuple[int, str], list[str]] = {}
     for key, names in members.items():
         produced = {t for n in names for t in graph.node(n).outputs}
         ext = []
@@ -161,7 +152,7 @@ def analyze(graph: OpGraph, plan, batch_inputs: Collection[str] = ()) -> Dataflo
                     ext.append(t)
         reads[key] = list(dict.fromkeys(ext))
 
-    readers_of: dict[str, set[tuple[int, Role]]] = {}
+    readers_of: dict[str, set[tuple[int, str]]] = {}
     for key, ext in reads.items():
         for t in ext:
             readers_of.setdefault(t, set()).add(key)
@@ -177,7 +168,7 @@ def analyze(graph: OpGraph, plan, batch_inputs: Collection[str] = ()) -> Dataflo
         ]
         tasks.append(Task(stage, role, ordered, tuple(reads[(stage, role)]), tuple(dict.fromkeys(outs))))
 
-    edge_tensors: dict[tuple[int, Role, int, Role], list[str]] = {}
+    edge_tensors: dict[tuple[int, str, int, str], list[str]] = {}
     for t, dsts in readers_of.items():
         src = task_of_tensor.get(t)
         if src is None:
@@ -190,7 +181,7 @@ def analyze(graph: OpGraph, plan, batch_inputs: Collection[str] = ()) -> Dataflo
     # A tensor a stage's forward already received stays in its per-microbatch buffers until the
     # backward of that microbatch has run, so the backward needs no second copy.
     for (s, sr, d, dr), ts in list(edge_tensors.items()):
-        if sr != "update" and dr == "backward" and (s, sr, d, "forward") in edge_tensors:
+        if not is_update(sr) and dr == "backward" and (s, sr, d, "forward") in edge_tensors:
             forward_copy = set(edge_tensors[(s, sr, d, "forward")])
             edge_tensors[(s, sr, d, dr)] = [t for t in ts if t not in forward_copy]
     edges = tuple(
@@ -200,11 +191,14 @@ def analyze(graph: OpGraph, plan, batch_inputs: Collection[str] = ()) -> Dataflo
 
     reduction: dict[str, Reduction] = {}
     for t, (stage, role) in task_of_tensor.items():
-        if role == "update":
+        if is_update(role):
             continue
-        once_readers = any(r == "update" for _, r in readers_of.get(t, ()))
+        once_readers = any(is_update(r) for _, r in readers_of.get(t, ()))
         if once_readers or t in outputs:
-            reduction[t] = "mean" if t in batch_dep else "last"
+            if t not in batch_dep:
+                reduction[t] = "last"
+            else:
+                reduction[t] = "concat" if t in per_example else accumulate
 
     return Dataflow(
         num_stages=plan.num_stages,
@@ -212,8 +206,29 @@ def analyze(graph: OpGraph, plan, batch_inputs: Collection[str] = ()) -> Dataflo
         edges=edges,
         producer_task=tuple(sorted(task_of_tensor.items())),
         reduction=tuple(sorted(reduction.items())),
-        update_order=_update_order(plan.num_stages, edges),
+        update_levels=levels,
     )
+
+
+def _task_roles(graph: OpGraph, stage_of: Mapping[str, int], const_nodes: set[str],
+                producer: Mapping[str, str]) -> dict[str, str]:
+    """Each node's task: its role, with update nodes given the level their cross-stage reads need."""
+    out: dict[str, str] = {}
+    level: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.name in const_nodes:
+            continue
+        if node.role != "update":
+            out[node.name] = node.role
+            continue
+        lv = 0
+        for t in node.inputs:
+            p = producer.get(t)
+            if p in level:
+                lv = max(lv, level[p] + (stage_of[p] != stage_of[node.name]))
+        level[node.name] = lv
+        out[node.name] = update_role(lv)
+    return out
 
 
 def _const_closure(graph: OpGraph, names, const_nodes: set[str], producer: Mapping[str, str]) -> set[str]:
@@ -234,27 +249,16 @@ def _check_direction(graph: OpGraph, tensor: str, node: str, src: tuple[int, str
         (sr == "forward" and dr == "forward" and s > d)
         or (sr == "backward" and dr == "backward" and s < d)
         or (sr == "backward" and dr == "forward")
-        or (sr == "update" and dr != "update")
+        or (is_update(sr) and not is_update(dr))
     )
     if bad:
         raise ValueError(
-            f"tensor {tensor!r} (made by {node}) flows from stage {s}'s {sr} to stage {d}'s {dr}: "
-            f"against the pipeline's order, so no schedule can run it; move the stage cut so that "
-            f"{node} and its readers land in stages that follow the data flow"
+            f"tensor {tensor!r} (made by {node}, {graph.node(node).source or 'unknown source'}) flows from "
+            f"stage {s}'s {sr} to stage {d}'s {dr}: against the pipeline's order, so no schedule can run it. "
+            f"The planner only offers cuts that follow the data flow; this plan's layers were edited or made "
+            f"for another graph: re-solve it for this step"
         )
 
 
-def _update_order(num_stages: int, edges) -> tuple[int, ...]:
-    """Stages in an order where every update task runs after the update tasks it reads from."""
-    deps = {s: {e.src_stage for e in edges if e.src_role == "update" and e.dst_stage == s} for s in range(num_stages)}
-    order: list[int] = []
-    while len(order) < num_stages:
-        ready = [s for s in sorted(deps, reverse=True) if s not in order and deps[s] <= set(order)]
-        if not ready:
-            raise ValueError(f"the update tasks of the stages read each other in a cycle: {deps}")
-        order.append(ready[0])
-    return tuple(order)
-
-
 def is_float(dtype: str) -> bool:
-    return bool(np.issubdtype(np.dtype(dtype), np.inexact))
+    return is_float_dtype(dtype)

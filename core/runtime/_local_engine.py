@@ -11,7 +11,7 @@ from alpaviz.core.graph import split_microbatch
 from alpaviz.core.plan import Plan
 from alpaviz.core.runtime._compile import CompiledStep
 from alpaviz.core.runtime._cross_mesh import move_local
-from alpaviz.core.runtime._schedule import ONCE, fusable_runs
+from alpaviz.core.runtime._schedule import ONCE, fusable_runs, is_update
 from alpaviz.core.runtime._stage_runner import StageError, StageRunner
 from alpaviz.core.runtime._timeline import TimelineEvent
 
@@ -64,7 +64,7 @@ class LocalEngine:
                 # Untimed steps run back-to-back tasks as one executable (no residuals between).
                 roles = self.fused[key]
                 runner.run_group(roles, ins.microbatch)
-                absorbed.update((ins.stage, r, ONCE if r == "update" else ins.microbatch) for r in roles[1:])
+                absorbed.update((ins.stage, r, ONCE if is_update(r) else ins.microbatch) for r in roles[1:])
                 continue
             if ins.op == "run":
                 produced = runner.run(ins.role, ins.microbatch)
@@ -85,7 +85,7 @@ class LocalEngine:
                     jax.block_until_ready(produced)
                 except Exception as err:
                     raise StageError(f"{runner.describe()}, {ins}: {err}") from err
-                kind = ins.role if ins.op == "run" else ins.op
+                kind = ("update" if is_update(ins.role) else ins.role) if ins.op == "run" else ins.op
                 events.append(TimelineEvent(ins.stage, ins.microbatch, kind, start - t0, time.perf_counter() - t0))
         outs = collect_outputs(c, leaves, lambda stage, name: self.runners[stage].result(name))
         for r in self.runners:

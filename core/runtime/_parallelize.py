@@ -24,7 +24,7 @@ import numpy as np
 
 from alpaviz.core.graph import OpGraph
 from alpaviz.core.plan import Plan
-from alpaviz.core.runtime._compile import CompiledStep, compile_step
+from alpaviz.core.runtime._compile import CompiledStep, check_args, compile_step
 from alpaviz.core.runtime._local_engine import LocalEngine
 from alpaviz.core.runtime._ray_engine import RayEngine
 from alpaviz.core.runtime._schedule import Program, build_instructions, interleave
@@ -55,7 +55,8 @@ class ParallelStep:
         *,
         example_args: Sequence[Any] | None = None,
         graph: OpGraph | None = None,
-        batch_argnums: Sequence[int] = (1,),
+        batch_argnums: Sequence[int] | None = None,
+        loss_reduction: str = "auto",
         donate: bool = False,
         engine: Engine = "local",
         record_trace: bool = True,
@@ -66,7 +67,10 @@ class ParallelStep:
             raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
         self.train_step = train_step
         self.plan = plan
-        self.batch_argnums = tuple(batch_argnums)
+        if loss_reduction not in ("auto", "mean", "sum"):
+            raise ValueError(f"loss_reduction must be 'auto', 'mean' or 'sum', got {loss_reduction!r}")
+        self.batch_argnums = None if batch_argnums is None else tuple(batch_argnums)
+        self.loss_reduction = loss_reduction
         self.donate = donate
         self.engine_kind = engine
         self.record_trace = record_trace
@@ -105,11 +109,12 @@ class ParallelStep:
 
     # ---- running -----------------------------------------------------------
     def _prepare(self, args: tuple[Any, ...]) -> None:
-        self.compiled = compile_step(self.train_step, self.plan, args, self.batch_argnums, self._graph)
+        self.compiled = compile_step(self.train_step, self.plan, args, self.batch_argnums, self._graph,
+                                     self.loss_reduction)
         if self.engine_kind == "local":
             self._engine = LocalEngine(self.compiled.plan, self.compiled, self.donate, self.compiler_options)
         else:
-            self._engine = RayEngine(self.plan, self.compiled, self.train_step, args, self.batch_argnums,
+            self._engine = RayEngine(self.plan, self.compiled, self.train_step, args, self.compiled.batch_argnums,
                                      self.donate, self.compiler_options, **self.ray_options)
 
     def with_schedule(self, kind: str) -> "ParallelStep":
@@ -139,6 +144,7 @@ class ParallelStep:
                 f"the step was compiled for arguments of structure {graph.in_tree}, got {jax.tree.structure(args)}"
             )
         leaves = jax.tree.leaves(args)
+        check_args(self.compiled, leaves)
         outs, events = self._engine.step(leaves, self.record_trace)
         if self.record_trace:
             self._last_trace = Timeline(
@@ -168,7 +174,8 @@ def parallelize(
     *,
     example_args: Sequence[Any] | None = None,
     graph: OpGraph | None = None,
-    batch_argnums: Sequence[int] = (1,),
+    batch_argnums: Sequence[int] | None = None,
+    loss_reduction: str = "auto",
     donate: bool = False,
     engine: Engine = "local",
     record_trace: bool = True,
@@ -177,7 +184,11 @@ def parallelize(
 ) -> ParallelStep:
     """Make `train_step` run as `plan` says: stages on their meshes, shardings, pipeline schedule.
 
-    `batch_argnums` are the arguments split into microbatches (dim 0).
+    `batch_argnums` are the arguments split into microbatches (dim 0); by
+    default they are found from the step (see `av.trace`).  Gradients and
+    scalar outputs of the microbatches combine as `loss_reduction` says
+    ("mean", "sum", or "auto": from the step's constants, see
+    `compile_step`); per-example outputs are concatenated.
     `engine="ray"` runs each host's stages in a Ray actor (see
     `av.Cluster.ray`/`ray_options`).  `record_trace` blocks after every
     instruction to time it (`step.last_trace()`); turn it off for speed:
@@ -193,7 +204,7 @@ def parallelize(
     """
     return ParallelStep(
         train_step, plan, example_args=example_args, graph=graph, batch_argnums=batch_argnums,
-        donate=donate, engine=engine, record_trace=record_trace, ray_options=ray_options,
+        loss_reduction=loss_reduction, donate=donate, engine=engine, record_trace=record_trace, ray_options=ray_options,
         compiler_options=compiler_options,
     )
 

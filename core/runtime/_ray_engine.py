@@ -26,7 +26,7 @@ from alpaviz.core.graph import split_microbatch
 from alpaviz.core.plan import Plan, graph_fingerprint
 from alpaviz.core.runtime._compile import compile_step
 from alpaviz.core.runtime._cross_mesh import check_transport, move_local, to_host
-from alpaviz.core.runtime._schedule import ONCE
+from alpaviz.core.runtime._schedule import ONCE, is_update
 from alpaviz.core.runtime._stage_runner import StageError, StageRunner
 from alpaviz.core.runtime._timeline import TimelineEvent
 
@@ -67,9 +67,9 @@ class HostActor:
         return len(jax.devices())
 
     def setup(self, train_step, plan_json: str, abstract_args, batch_argnums, donate, compiler_options,
-              stages: Sequence[int], expected_fingerprint: str) -> str:
+              stages: Sequence[int], expected_fingerprint: str, loss_reduction: str = "auto") -> str:
         plan = Plan.from_json(plan_json)
-        compiled = compile_step(train_step, plan, abstract_args, batch_argnums)
+        compiled = compile_step(train_step, plan, abstract_args, batch_argnums, loss_reduction=loss_reduction)
         fingerprint = graph_fingerprint(compiled.graph)
         if fingerprint != expected_fingerprint:
             raise ValueError(
@@ -188,7 +188,7 @@ class RayEngine:
         ray.get([
             actor.setup.remote(train_step, plan.to_json(), abstract, tuple(batch_argnums), donate,
                                compiler_options, [s.index for s in plan.stages if self.host_of[s.index] == h],
-                               expected)
+                               expected, compiled.accumulate)
             for h, actor in self.actors.items()
         ])
         self.step_id = 0
@@ -277,7 +277,7 @@ class RayEngine:
         if record:
             for (ins, _), result in zip(timings, results):
                 start, end = result
-                kind = ins.role if ins.op == "run" else ins.op
+                kind = ("update" if is_update(ins.role) else ins.role) if ins.op == "run" else ins.op
                 events.append(TimelineEvent(ins.stage, ins.microbatch, kind, start - t0, end - t0))
         outs = []
         index = {name: i for i, name in enumerate(c.graph.inputs)}

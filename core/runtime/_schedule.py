@@ -17,6 +17,31 @@ Op = Literal["run", "send", "recv", "free"]
 ONCE = -1  # the microbatch index of work done once per step (the optimizer update)
 
 
+def update_role(level: int) -> str:
+    """The task name of a stage's update at `level`.
+
+    The update of one stage can need a value from another stage's update (a
+    global gradient norm sums every stage's gradients): it then runs in
+    levels, each stage's level l after every level l-1, values moving across
+    stages only from one level to the next.
+    """
+    return "update" if level == 0 else f"update{level}"
+
+
+def is_update(role: str) -> bool:
+    return role.startswith("update")
+
+
+def update_level(role: str) -> int:
+    return int(role[len("update"):] or 0)
+
+
+def num_update_levels(edges: Iterable["Edge"]) -> int:
+    """How many update levels the edges need (1 when no update reads another stage's update)."""
+    levels = [update_level(r) for e in edges for r in (e.src_role, e.dst_role) if is_update(r)]
+    return 1 + max(levels, default=0)
+
+
 @dataclasses.dataclass(frozen=True)
 class Edge:
     """Data flowing from one stage's task to another's (`src_role` -> `dst_role`).
@@ -33,7 +58,7 @@ class Edge:
 
     @property
     def per_microbatch(self) -> bool:
-        return self.src_role != "update" and self.dst_role != "update"
+        return not is_update(self.src_role) and not is_update(self.dst_role)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +109,10 @@ def chain_edges(num_stages: int) -> tuple[Edge, ...]:
     return tuple(out)
 
 
-def compute_order(kind: str, num_stages: int, num_microbatches: int, stage: int) -> tuple[tuple[Role, int], ...]:
-    """The (role, microbatch) runs of one stage, update last.
+def compute_order(
+    kind: str, num_stages: int, num_microbatches: int, stage: int, update_levels: int = 1,
+) -> tuple[tuple[Role, int], ...]:
+    """The (role, microbatch) runs of one stage, the update's levels last.
 
     GPipe runs every forward, then every backward.  1F1B (PipeDream-flush)
     warms up with min(n - i - 1, m) forwards on stage i, then alternates one
@@ -104,7 +131,7 @@ def compute_order(kind: str, num_stages: int, num_microbatches: int, stage: int)
         runs += [("backward", k) for k in range(m - warm, m)]
     else:
         raise ValueError(f"unknown schedule kind {kind!r}; use '1f1b' or 'gpipe'")
-    runs.append(("update", ONCE))
+    runs += [(update_role(level), ONCE) for level in range(update_levels)]
     return tuple(runs)  # type: ignore[return-value]
 
 
@@ -132,8 +159,9 @@ def build_instructions(
         if not (0 <= e.src_stage < num_stages and 0 <= e.dst_stage < num_stages) or e.src_stage == e.dst_stage:
             raise ValueError(f"edge {e} does not join two different stages of {num_stages}")
     program = []
+    levels = num_update_levels(edges)
     for stage in range(num_stages):
-        runs = compute_order(kind, num_stages, num_microbatches, stage)
+        runs = compute_order(kind, num_stages, num_microbatches, stage, levels)
         last_of = {role: k for role, k in runs}  # the final microbatch each role runs
         out: list[Instruction] = []
         for role, k in runs:
@@ -146,7 +174,7 @@ def build_instructions(
                     continue
                 if e.per_microbatch:
                     out.append(Instruction("send", stage, role, k, e.dst_stage, e.dst_role))
-                elif role == "update" or k == last_of[role]:
+                elif is_update(role) or k == last_of[role]:
                     out.append(Instruction("send", stage, role, ONCE, e.dst_stage, e.dst_role))
             if role == "backward":
                 out.append(Instruction("free", stage, "forward", k))

@@ -20,7 +20,7 @@ from alpaviz.core.cost import AXIS_NAMES
 from alpaviz.core.graph import OpGraph, evaluate
 from alpaviz.core.plan import Stage, check_spec, to_partition_spec
 from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge, is_float
-from alpaviz.core.runtime._schedule import ONCE
+from alpaviz.core.runtime._schedule import ONCE, is_update
 
 
 class StageError(RuntimeError):
@@ -60,7 +60,7 @@ class StageRunner:
                     check_spec(graph.tensor(name).shape, spec, stage.logical_mesh, what=f"tensor {name!r}")
                 except ValueError as err:
                     raise ValueError(f"{self.describe()}: {err} (shapes are per microbatch)") from None
-        self.tasks = {role: flow.task(stage.index, role) for role in ("forward", "backward", "update")}
+        self.tasks = {task.role: task for task in flow.tasks if task.stage == stage.index}
         self.reduction = flow.reduction_map
         self.batch_inputs = frozenset(batch_inputs)
         self.graph_inputs = frozenset(graph.inputs)
@@ -69,7 +69,7 @@ class StageRunner:
         self._producer = flow.producer_map
         # Who reads a tensor per microbatch (keep it in the per-microbatch buffers) on any stage.
         self._read_per_mb = {
-            t for task in flow.tasks if task.role != "update" for t in task.inputs
+            t for task in flow.tasks if not is_update(task.role) for t in task.inputs
         }
         self._readers: dict[str, set[tuple[int, str]]] = {}
         for task in flow.tasks:
@@ -80,6 +80,7 @@ class StageRunner:
         self._fns: dict[tuple[str, ...], Any] = {}
         self._first_args: dict[tuple[str, ...], Any] = {}
         self._zeros: dict[str, Any] = {}
+        self._concat_parts: dict[str, dict[int, Any]] = {}
         self.reset()
 
     # ---- placement -------------------------------------------------------
@@ -105,6 +106,7 @@ class StageRunner:
         """Forget the last step's buffers (compiled tasks are kept)."""
         self.mb_values: dict[tuple[str, int], Any] = {}
         self.step_values: dict[str, Any] = {}
+        self._concat_parts = {}
 
     def put_input(self, name: str, value: Any, microbatch: int = ONCE) -> None:
         placed = jax.device_put(value, self.sharding(name))
@@ -162,29 +164,30 @@ class StageRunner:
         return group
 
     def _accumulated(self, role: str) -> tuple[str, ...]:
-        if self.num_microbatches == 1 or role == "update":
+        if self.num_microbatches == 1 or is_update(role):
             return ()
         out = []
         for t in self.tasks[role].outputs:
-            if self.reduction.get(t) == "mean":
+            how = self.reduction.get(t)
+            if how in ("mean", "sum"):
                 if not is_float(self.graph.tensor(t).dtype):
                     raise ValueError(
                         f"{self.describe()}: output {t!r} ({self.graph.tensor(t).dtype}) depends on the batch "
-                        f"but is not floating point, so it cannot be averaged over microbatches; return a "
-                        f"float metric or use num_microbatches=1"
+                        f"but is not floating point, so its microbatch values cannot be combined by {how}; return "
+                        f"a float metric, a per-example value (leading dim = batch), or use num_microbatches=1"
                     )
                 out.append(t)
         return tuple(out)
 
     def _donated_names(self, roles, inputs, outputs) -> tuple[str, ...]:
         """Old params the update may overwrite in place; only when the user asked for donation."""
-        if not self.donate or "update" not in roles:
+        if not self.donate or not any(is_update(r) for r in roles):
             return ()
         replaced = {self.aliases[t] for t in outputs if t in self.aliases}
         return tuple(t for t in inputs if t in replaced)
 
     def _build(self, group: "_Group") -> Any:
-        scale = 1.0 / self.num_microbatches
+        scales = [1.0 / self.num_microbatches if self.reduction[t] == "mean" else 1.0 for t in group.accumulated]
         constrain = {
             t: self.sharding(t) for t in self.graph.tensor_by_name if t in self.specs or t in self.aliases
         }
@@ -199,7 +202,7 @@ class StageRunner:
             env = evaluate(self.graph, dict(zip(names, donated_args + kept_args)), group.nodes, group.outputs, shard)
             new_accs = tuple(
                 jax.lax.with_sharding_constraint(acc + env[t] * jnp_scale(env[t], scale), self.sharding(t))
-                for t, acc in zip(group.accumulated, accs)
+                for t, acc, scale in zip(group.accumulated, accs, scales)
             )
             return tuple(env[t] for t in group.outputs), new_accs
 
@@ -262,13 +265,24 @@ class StageRunner:
         summed = set(group.accumulated)
         for t, v in zip(group.outputs, outs):
             role = self._producer[t][1]
-            if role == "update" or (t in self.reduction and t not in summed):
+            if self.reduction.get(t) == "concat" and self.num_microbatches > 1:
+                self._gather_part(t, microbatch, v)
+            elif is_update(role) or (t in self.reduction and t not in summed):
                 self.step_values[t] = v  # once-per-step values, or the "last"/single-microbatch ones
-            if role != "update" and t in self._read_per_mb:
+            if not is_update(role) and t in self._read_per_mb:
                 self.mb_values[(t, 0 if microbatch == ONCE else microbatch)] = v
         for t, v in zip(group.accumulated, new_accs):
             self.step_values[t] = v
         return list(outs) + list(new_accs)
+
+
+    def _gather_part(self, tensor: str, microbatch: int, value: Any) -> None:
+        """Keep one microbatch's rows of a per-example output; the last part concatenates them."""
+        parts = self._concat_parts.setdefault(tensor, {})
+        parts[microbatch] = value
+        if len(parts) == self.num_microbatches:
+            self.step_values[tensor] = jax.numpy.concatenate([parts[k] for k in sorted(parts)], axis=0)
+            del self._concat_parts[tensor]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,173 @@
+"""Which operators of a training step run once per microbatch and which once per step, from its dataflow.
+
+A step is a per-microbatch part (forward and backward, run on each
+microbatch) and a once-per-step part (the update, run on the accumulated
+gradients).  The split is read from the dataflow, not guessed from names:
+
+* backward: every operator JAX's AD put under `transpose(...)` (name stacks
+  composed through inlined jit, custom_jvp/vjp and remat calls, so a
+  recomputed forward inside `jax.checkpoint` is backward work), and any
+  operator downstream of one that still feeds the backward (a cotangent sum
+  outside AD's scope);
+* update: every other operator downstream of the backward (the optimizer,
+  global-norm clipping), and batch-independent operators that only the
+  update reads (Adam's `b1 * mu`, a step counter);
+* forward: the rest.
+
+The tensors that cross from the per-microbatch part into the update are the
+gradients; the update may read nothing else that depends on the batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from alpaviz.core.graph._op_graph import Role
+
+
+class StepStructureError(ValueError):
+    """The step cannot be split into per-microbatch and once-per-step parts as written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RawOp:
+    """What role inference needs of one operator: its wiring, composed scope and source line."""
+
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    scope: str
+    source: str = ""
+
+
+def infer_roles(ops: Sequence[RawOp], outputs: Sequence[str], batch_inputs: Sequence[str]) -> list[Role]:
+    """Forward / backward / update for each op (in topological order), checked against the batch.
+
+    Raises StepStructureError when an update operator reads a batch-dependent
+    tensor that is not a gradient, naming the operator and its source line.
+    """
+    producer = {t: i for i, op in enumerate(ops) for t in op.outputs}
+    consumers: dict[str, list[int]] = {}
+    for i, op in enumerate(ops):
+        for t in dict.fromkeys(op.inputs):
+            consumers.setdefault(t, []).append(i)
+    transposed = [_in_transpose(op.scope) for op in ops]
+    if not any(transposed):
+        return ["forward"] * len(ops)
+
+    after_grad = [False] * len(ops)
+    for i, op in enumerate(ops):
+        after_grad[i] = transposed[i] or any(
+            after_grad[producer[t]] for t in op.inputs if t in producer
+        )
+    feeds_backward = [False] * len(ops)
+    for i in reversed(range(len(ops))):
+        feeds_backward[i] = any(
+            transposed[c] or feeds_backward[c] for t in ops[i].outputs for c in consumers.get(t, ())
+        )
+    batch_dep = _batch_dependent(ops, producer, set(batch_inputs))
+
+    roles: list[Role] = []
+    for i in range(len(ops)):
+        if transposed[i] or (after_grad[i] and feeds_backward[i]):
+            roles.append("backward")
+        elif after_grad[i]:
+            roles.append("update")
+        else:
+            roles.append("forward")
+    # Batch-independent work that only the update reads runs once per step with it.
+    step_outputs = set(outputs)
+    for i in reversed(range(len(ops))):
+        if roles[i] != "forward" or batch_dep[i] or feeds_backward[i]:
+            continue
+        readers = [c for t in ops[i].outputs for c in consumers.get(t, ())]
+        is_output = any(t in step_outputs for t in ops[i].outputs)
+        if (readers or is_output) and all(roles[c] == "update" for c in readers):
+            roles[i] = "update"
+    _check_update_reads(ops, roles, producer, batch_dep, set(batch_inputs))
+    return roles
+
+
+def _in_transpose(scope: str) -> bool:
+    return "transpose(" in scope
+
+
+def _batch_dependent(ops: Sequence[RawOp], producer: dict[str, int], batch: set[str]) -> list[bool]:
+    dep = [False] * len(ops)
+    for i, op in enumerate(ops):
+        dep[i] = any(t in batch or (t in producer and dep[producer[t]]) for t in op.inputs)
+    return dep
+
+
+def _check_update_reads(ops, roles, producer, batch_dep, batch) -> None:
+    for i, op in enumerate(ops):
+        if roles[i] != "update":
+            continue
+        for t in op.inputs:
+            p = producer.get(t)
+            if t in batch:
+                culprit = f"the batch input {t!r}"
+            elif p is not None and roles[p] == "forward" and batch_dep[p]:
+                culprit = f"{t!r}, a forward value made by {ops[p].name} ({ops[p].source or 'unknown source'})"
+            else:
+                continue
+            raise StepStructureError(
+                f"operator {op.name} ({op.source or 'unknown source'}) runs once per step, after the gradients, "
+                f"but reads {culprit}, which changes with every microbatch; only gradients may cross from the "
+                f"forward/backward pass into the update. Compute that value inside the loss (e.g. return it as "
+                f"an auxiliary output) or plan with num_microbatches=1"
+            )
+
+
+# ---- which arguments are the batch ---------------------------------------------------------
+
+
+def is_key_leaf(x: Any) -> bool:
+    """A PRNG key: a typed key array, or a legacy raw uint32[2] key."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return True
+    return np.shape(x) == (2,) and dtype == np.uint32
+
+
+def find_batch_argnums(args: Sequence[Any], out_shape: Any) -> tuple[tuple[int, ...], str]:
+    """The batch arguments of `step(*args)`, and how they were told apart.
+
+    State arguments (params, optimizer state, a PRNG key) come back updated:
+    the step returns a value of the same structure, shapes and dtypes.  Of
+    the others, the batch is the argument (or arguments) whose array leaves
+    all share one leading dimension.  Raises when that leaves no answer or
+    several that disagree.
+    """
+    returned = [_signature(o) for o in _top_level(out_shape)]
+    candidates = []
+    for i, arg in enumerate(args):
+        leaves = [x for x in jax.tree.leaves(arg) if not is_key_leaf(x)]
+        if not leaves or _signature(arg) in returned:
+            continue
+        leading = {np.shape(x)[0] if np.ndim(x) else None for x in leaves}
+        if len(leading) == 1 and None not in leading:
+            candidates.append((i, leading.pop()))
+    sizes = {size for _, size in candidates}
+    if candidates and len(sizes) == 1:
+        nums = tuple(i for i, _ in candidates)
+        return nums, (f"argument(s) {list(nums)} are the batch: they are not returned updated (as params and "
+                      f"optimizer state are) and their leaves share leading dim {sizes.pop()}")
+    found = ", ".join(f"argument {i} (leading dim {s})" for i, s in candidates) or "none"
+    raise StepStructureError(
+        f"cannot tell which arguments of the step are the batch (candidates: {found}); pass batch_argnums=(k,) "
+        f"naming the arguments split into microbatches along dim 0"
+    )
+
+
+def _top_level(tree: Any) -> list[Any]:
+    return list(tree) if isinstance(tree, (tuple, list)) else [tree]
+
+
+def _signature(tree: Any) -> tuple:
+    leaves, treedef = jax.tree.flatten(tree)
+    return (treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x)))) for x in leaves))

@@ -1,0 +1,217 @@
+"""Training steps written the way users of Flax, optax and Equinox write them (not with our zoo).
+
+Each builder returns a `Case`: the step, its arguments at the global batch,
+and how the step's outputs become the next call's arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import equinox as eqx
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+VOCAB, WIDTH, SEQ, BATCH = 64, 32, 8, 8
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    step: Callable[..., Any]
+    args: tuple[Any, ...]
+    next_args: Callable[[tuple[Any, ...], Any], tuple[Any, ...]]
+
+
+def _state_then_batch(num_state: int) -> Callable[[tuple, Any], tuple]:
+    """Outputs (state..., loss) feed the next call's leading state arguments."""
+    return lambda args, outs: (*outs[:num_state], *args[num_state:])
+
+
+def _tokens(seed: int = 0) -> dict[str, jax.Array]:
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return {"x": jax.random.randint(k1, (BATCH, SEQ), 0, VOCAB), "y": jax.random.randint(k2, (BATCH, SEQ), 0, VOCAB)}
+
+
+def lm_recipe() -> optax.GradientTransformation:
+    """The optimizer of nearly every LM recipe: clip by global norm, then AdamW."""
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
+
+
+# ---- Flax linen: nn.Embed, LayerNorm, Dense --------------------------------------------------
+
+
+class _Block(nn.Module):
+    width: int
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.Dense(2 * self.width)(nn.LayerNorm()(x))
+        return x + nn.Dense(self.width)(nn.gelu(h))
+
+
+class LinenLM(nn.Module):
+    blocks: int = 3
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(VOCAB, WIDTH)(tokens)
+        for _ in range(self.blocks):
+            x = _Block(WIDTH)(x)
+        return nn.Dense(VOCAB)(nn.LayerNorm()(x))
+
+
+def linen_lm() -> Case:
+    model, tx, batch = LinenLM(), lm_recipe(), _tokens()
+    params = model.init(jax.random.key(1), batch["x"])
+    opt_state = tx.init(params)
+
+    def train_step(params, opt_state, batch):
+        def loss_fn(params):
+            logits = model.apply(params, batch["x"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return Case("linen_lm", train_step, (params, opt_state, batch), _state_then_batch(2))
+
+
+# ---- Flax nnx: nnx.Embed, split/merge inside a functional step --------------------------------
+
+
+class NnxLM(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs, blocks: int = 2):
+        self.embed = nnx.Embed(VOCAB, WIDTH, rngs=rngs)
+        self.blocks = nnx.List([nnx.Linear(WIDTH, WIDTH, rngs=rngs) for _ in range(blocks)])
+        self.norm = nnx.LayerNorm(WIDTH, rngs=rngs)
+        self.head = nnx.Linear(WIDTH, VOCAB, rngs=rngs)
+
+    def __call__(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = x + jax.nn.relu(block(x))
+        return self.head(self.norm(x))
+
+
+def nnx_lm() -> Case:
+    graphdef, state = nnx.split(NnxLM(nnx.Rngs(2)))
+    tx = lm_recipe()
+    opt_state = tx.init(state)
+
+    def train_step(state, opt_state, batch):
+        def loss_fn(state):
+            logits = nnx.merge(graphdef, state)(batch["x"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(state)
+        updates, opt_state = tx.update(grads, opt_state, state)
+        return optax.apply_updates(state, updates), opt_state, loss
+
+    return Case("nnx_lm", train_step, (state, opt_state, _tokens(3)), _state_then_batch(2))
+
+
+# ---- Equinox: a small CNN trained with filter_value_and_grad ----------------------------------
+
+
+class CNN(eqx.Module):
+    conv1: eqx.nn.Conv2d
+    conv2: eqx.nn.Conv2d
+    head: eqx.nn.Linear
+
+    def __init__(self, key):
+        k1, k2, k3 = jax.random.split(key, 3)
+        self.conv1 = eqx.nn.Conv2d(1, 4, 3, padding=1, key=k1)
+        self.conv2 = eqx.nn.Conv2d(4, 4, 3, padding=1, key=k2)
+        self.head = eqx.nn.Linear(4 * 8 * 8, 10, key=k3)
+
+    def __call__(self, x):
+        x = jax.nn.relu(self.conv1(x))
+        x = jax.nn.relu(self.conv2(x))
+        return self.head(x.reshape(-1))
+
+
+def equinox_cnn() -> Case:
+    params, static = eqx.partition(CNN(jax.random.key(4)), eqx.is_array)
+    tx = optax.adam(1e-2)
+    opt_state = tx.init(params)
+    kx, ky = jax.random.split(jax.random.key(5))
+    images, labels = jax.random.normal(kx, (BATCH, 1, 8, 8)), jax.random.randint(ky, (BATCH,), 0, 10)
+
+    def train_step(params, opt_state, images, labels):
+        @eqx.filter_value_and_grad
+        def loss_fn(params):
+            logits = jax.vmap(eqx.combine(params, static))(images)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+        loss, grads = loss_fn(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return eqx.apply_updates(params, updates), opt_state, loss
+
+    return Case("equinox_cnn", train_step, (params, opt_state, images, labels), _state_then_batch(2))
+
+
+# ---- plain JAX with jax.checkpoint on every layer ---------------------------------------------
+
+
+def remat_mlp() -> Case:
+    keys = jax.random.split(jax.random.key(6), 5)
+    params = [{"w": jax.random.normal(k, (WIDTH, WIDTH)) / WIDTH ** 0.5, "b": jnp.zeros(WIDTH)} for k in keys[:4]]
+    tx = optax.adam(1e-2)
+    opt_state = tx.init(params)
+    x, y = jax.random.normal(keys[4], (BATCH, WIDTH)), jnp.ones((BATCH, WIDTH))
+
+    @jax.checkpoint
+    def layer(p, h):
+        return jnp.tanh(h @ p["w"] + p["b"])
+
+    def train_step(params, opt_state, x, y):
+        def loss_fn(params):
+            h = x
+            for p in params:
+                h = layer(p, h)
+            return jnp.mean((h - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return Case("remat_mlp", train_step, (params, opt_state, x, y), _state_then_batch(2))
+
+
+# ---- dropout from a key the step threads --------------------------------------------------------
+
+
+def dropout_mlp() -> Case:
+    k1, k2, k3 = jax.random.split(jax.random.key(7), 3)
+    params = {"w1": jax.random.normal(k1, (WIDTH, 2 * WIDTH)) / WIDTH ** 0.5,
+              "w2": jax.random.normal(k2, (2 * WIDTH, WIDTH)) / WIDTH ** 0.5}
+    tx = optax.sgd(0.1)
+    opt_state = tx.init(params)
+    x = jax.random.normal(k3, (BATCH, WIDTH))
+
+    def train_step(params, opt_state, x, key):
+        key, drop = jax.random.split(key)
+
+        def loss_fn(params):
+            h = jax.nn.relu(x @ params["w1"])
+            keep = jax.random.bernoulli(drop, 0.8, h.shape)
+            h = jnp.where(keep, h / 0.8, 0.0)
+            return jnp.mean((h @ params["w2"] - x) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, key
+
+    def next_args(args, outs):
+        return (outs[0], outs[1], args[2], outs[3])
+
+    return Case("dropout_mlp", train_step, (params, opt_state, x, jax.random.key(8)), next_args)
+
+
+CASES = {f.__name__: f for f in (linen_lm, nnx_lm, equinox_cnn, remat_mlp, dropout_mlp)}
