@@ -28,6 +28,7 @@ from alpaviz.core import InfeasiblePinsError as InfeasiblePinsError
 from alpaviz.core import ModelTooLargeError as ModelTooLargeError
 from alpaviz.core import ShardingInfeasibleError as ShardingInfeasibleError
 from alpaviz.core import StageProfileCache as StageProfileCache
+from alpaviz.core import StepStructureError as StepStructureError
 from alpaviz.core import cluster_layers as cluster_layers
 from alpaviz.core import resolve as resolve
 from alpaviz.core import shard_step as shard_step
@@ -37,6 +38,7 @@ from alpaviz.core import trace as trace
 
 # running
 from alpaviz.core import manual_plan as manual_plan
+from alpaviz.core import next_step_args as next_step_args
 from alpaviz.core import parallelize as parallelize
 from alpaviz.core import predicted_timeline as predicted_timeline
 
@@ -53,6 +55,7 @@ def editor(*args, **kwargs):
 __all__ = [
     "baselines", "Cluster", "cluster_layers", "CostModel", "DeviceSpec", "editor", "InfeasiblePinsError",
     "Link", "LogicalMesh", "make_spec", "manual_plan", "mark_layer", "models", "ModelTooLargeError",
-    "OpGraph", "parallelize", "Pins", "Plan", "PlanFormatError", "predicted_timeline", "resolve",
-    "shard_step", "ShardingInfeasibleError", "solve", "solve_sharding", "StageProfileCache", "trace",
+    "next_step_args", "OpGraph", "parallelize", "Pins", "Plan", "PlanFormatError", "predicted_timeline",
+    "resolve", "shard_step", "ShardingInfeasibleError", "solve", "solve_sharding", "StageProfileCache",
+    "StepStructureError", "trace",
 ]

@@ -7,8 +7,10 @@ graph -> cost -> plan -> intra_op -> inter_op -> runtime (tests/test_layout.py c
 # the graph pass (bottom)
 from alpaviz.core.graph import (
     mark_layer as mark_layer,
+    next_step_args as next_step_args,
     OpGraph as OpGraph,
     OpNode as OpNode,
+    StepStructureError as StepStructureError,
     TensorInfo as TensorInfo,
     trace as trace,
 )
@@ -98,6 +100,7 @@ __all__ = [
     "make_spec",
     "manual_plan",
     "mark_layer",
+    "next_step_args",
     "megatron_specs",
     "ModelTooLargeError",
     "OpGraph",
@@ -128,6 +131,7 @@ __all__ = [
     "StageCostFn",
     "StageError",
     "StageProfileCache",
+    "StepStructureError",
     "strategy_names",
     "TensorInfo",
     "Timeline",

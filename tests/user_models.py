@@ -159,16 +159,17 @@ def equinox_cnn() -> Case:
 # ---- plain JAX with jax.checkpoint on every layer ---------------------------------------------
 
 
-def remat_mlp() -> Case:
+def remat_mlp(remat: bool = True) -> Case:
     keys = jax.random.split(jax.random.key(6), 5)
     params = [{"w": jax.random.normal(k, (WIDTH, WIDTH)) / WIDTH ** 0.5, "b": jnp.zeros(WIDTH)} for k in keys[:4]]
     tx = optax.adam(1e-2)
     opt_state = tx.init(params)
     x, y = jax.random.normal(keys[4], (BATCH, WIDTH)), jnp.ones((BATCH, WIDTH))
 
-    @jax.checkpoint
     def layer(p, h):
         return jnp.tanh(h @ p["w"] + p["b"])
+
+    layer = jax.checkpoint(layer) if remat else layer
 
     def train_step(params, opt_state, x, y):
         def loss_fn(params):

@@ -15,7 +15,7 @@ from typing import Any, Callable, Literal
 
 from alpaviz.core import (
     Cluster, Link, OpGraph, Pins, Plan, StageProfileCache, Timeline, parallelize, predicted_timeline, solve,
-    strategy_names as core_strategy_names,
+    next_step_args, strategy_names as core_strategy_names,
 )
 from alpaviz.widgets import _edits
 
@@ -247,14 +247,17 @@ class EditorSession:
         """Run `av.parallelize` for `steps` steps here and keep the measured timeline."""
         if self.step_fn is None:
             return self._changed(Outcome(False, "Launch needs the training step: open the editor with av.editor(fn, *args)"))
+        if not self.graph.batch_argnums:
+            return self._changed(Outcome(False, f"Launch needs to know the batch: {self.graph.batch_note}"))
         try:
             # The graph was traced at the example batch, which the plan takes as one microbatch:
             # a step runs num_microbatches of them, so the launch repeats the example batch.
-            state, batch = self.example_args[0], self.example_args[1:]
-            batch = repeat_batch(batch, self.plan.schedule.num_microbatches)
-            step = parallelize(self.step_fn, self.plan, example_args=(state, *batch))
+            m = self.plan.schedule.num_microbatches
+            args = tuple(repeat_batch(a, m) if i in self.graph.batch_argnums else a
+                         for i, a in enumerate(self.example_args))
+            step = parallelize(self.step_fn, self.plan, example_args=args, batch_argnums=self.graph.batch_argnums)
             for _ in range(steps):
-                state, _loss = step(state, *batch)
+                args = next_step_args(args, step(*args))
             self.measured = step.last_trace()
         except Exception as err:  # shown in the UI, the plan stays
             return self._changed(Outcome(False, f"launch failed: {type(err).__name__}: {err}"))

@@ -44,7 +44,7 @@ class RawOp:
     source: str = ""
 
 
-def infer_roles(ops: Sequence[RawOp], outputs: Sequence[str], batch_inputs: Sequence[str]) -> list[Role]:
+def infer_roles(ops: Sequence[RawOp], batch_inputs: Sequence[str]) -> list[Role]:
     """Forward / backward / update for each op (in topological order), checked against the batch.
 
     Raises StepStructureError when an update operator reads a batch-dependent
@@ -79,14 +79,12 @@ def infer_roles(ops: Sequence[RawOp], outputs: Sequence[str], batch_inputs: Sequ
             roles.append("update")
         else:
             roles.append("forward")
-    # Batch-independent work that only the update reads runs once per step with it.
-    step_outputs = set(outputs)
+    # Batch-independent work that only the update reads (or nothing reads: a new step counter,
+    # an unused cast) runs once per step with it.
     for i in reversed(range(len(ops))):
         if roles[i] != "forward" or batch_dep[i] or feeds_backward[i]:
             continue
-        readers = [c for t in ops[i].outputs for c in consumers.get(t, ())]
-        is_output = any(t in step_outputs for t in ops[i].outputs)
-        if (readers or is_output) and all(roles[c] == "update" for c in readers):
+        if all(roles[c] == "update" for t in ops[i].outputs for c in consumers.get(t, ())):
             roles[i] = "update"
     _check_update_reads(ops, roles, producer, batch_dep, set(batch_inputs))
     return roles
@@ -162,6 +160,18 @@ def find_batch_argnums(args: Sequence[Any], out_shape: Any) -> tuple[tuple[int, 
         f"cannot tell which arguments of the step are the batch (candidates: {found}); pass batch_argnums=(k,) "
         f"naming the arguments split into microbatches along dim 0"
     )
+
+
+def next_step_args(args: Sequence[Any], outputs: Any) -> tuple[Any, ...]:
+    """The arguments of the next step: each argument the step returned updated is replaced by its update.
+
+    Example:
+        >>> args = next_step_args((params, opt_state, batch), step(params, opt_state, batch))
+    """
+    returned = {}
+    for out in _top_level(outputs):
+        returned.setdefault(_signature(out), out)
+    return tuple(returned.get(_signature(arg), arg) for arg in args)
 
 
 def _top_level(tree: Any) -> list[Any]:

@@ -284,7 +284,7 @@ def _assign_roles_and_layers(
 ) -> tuple[tuple[OpNode, ...], dict[str, int]]:
     """Roles from the dataflow; forward and backward layers from the layer-boundary markers."""
     ops = [RawOp(r["name"], r["inputs"], r["outputs"], r["scope"], r["source"]) for r in builder.raw_nodes]
-    roles = infer_roles(ops, outputs, batch_inputs)
+    roles = infer_roles(ops, batch_inputs)
 
     def is_marker(raw: dict[str, Any], phase: str) -> bool:
         return raw["primitive"] == LAYER_BOUNDARY and dict(raw["params"]).get("phase") == phase

@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
-from alpaviz.core.graph import OpGraph, dtype_name, microbatch_args, trace
+from alpaviz.core.graph import OpGraph, dtype_name, evaluate, microbatch_args, trace
 from alpaviz.core.plan import Plan, check_spec, graph_fingerprint
 from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge, analyze
 from alpaviz.core.runtime._schedule import Instruction, Program, build_instructions, interleave
@@ -38,6 +38,10 @@ class CompiledStep:
     # (input name, shape, dtype) of every argument leaf at the global batch: each call is checked against it
     arg_specs: tuple[tuple[str, tuple[int, ...], str], ...] = ()
     accumulate: str = "mean"
+    # Batch-shaped values the step makes without reading the batch (dropout masks drawn from a key): made
+    # once per step at the global batch by `generator`, then split into microbatches like the batch.
+    generated: tuple[str, ...] = ()
+    generator: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @functools.cached_property
     def _edges(self) -> dict[tuple, TensorEdge]:
@@ -85,8 +89,9 @@ def compile_step(
     starts = np.cumsum([0] + counts)
     batch_inputs = tuple(mb_graph.inputs[j] for i in nums for j in range(starts[i], starts[i + 1]))
     accumulate = _accumulation(full, mb_graph, m, loss_reduction, name)
+    generated = _batch_shaped_draws(full, mb_graph, batch_inputs)
     flow = analyze(mb_graph, plan, batch_inputs, per_example=_per_example_outputs(full, mb_graph, m),
-                   accumulate=accumulate)
+                   accumulate=accumulate, generated=generated)
     program = build_instructions(plan.schedule.kind, plan.num_stages, m, flow.edges)
     return CompiledStep(
         graph=mb_graph,
@@ -100,7 +105,17 @@ def compile_step(
         batch_argnums=nums,
         arg_specs=tuple((t, full.tensor(t).shape, full.tensor(t).dtype) for t in full.inputs),
         accumulate=accumulate,
+        generated=generated,
+        generator=_generator(full, generated) if generated else None,
     )
+
+
+def named_inputs(compiled: CompiledStep, leaves: Sequence[Any]) -> dict[str, Any]:
+    """The step's input leaves by graph input name, plus this step's generated draws (global batch)."""
+    values = dict(zip(compiled.graph.inputs, leaves))
+    if compiled.generator is not None:
+        values.update(compiled.generator(values))
+    return values
 
 
 def check_args(compiled: CompiledStep, leaves: Sequence[Any]) -> None:
@@ -117,6 +132,66 @@ def check_args(compiled: CompiledStep, leaves: Sequence[Any]) -> None:
                 f"{dtype}{list(shape)}{hint}; call it with the shapes of the first call, or build a new step "
                 f"with av.parallelize for the new shapes"
             )
+
+
+# Primitives whose rows differ by position: what a microbatch-sized call would draw differently.
+_DRAWS = frozenset({"random_bits", "rng_bit_generator", "rng_uniform", "threefry2x32", "iota"})
+
+
+def _batch_shaped_draws(full: OpGraph, mb_graph: OpGraph, batch_inputs: Sequence[str]) -> tuple[str, ...]:
+    """Tensors whose shape follows the batch but whose values do not come from it: random draws.
+
+    A dropout mask drawn at microbatch size would differ from the one
+    `jax.jit` draws at the global batch, so these are drawn once per step
+    at the global shape and split like the batch.  Returns the outputs of
+    the first such draws (random bits, or positions counted along the
+    batch); a broadcast of the same value to every row needs no such care.
+    """
+    if full is mb_graph:
+        return ()
+    depends = set(batch_inputs)
+    constant = set(mb_graph.constants or {})
+    scaled: set[str] = set()
+    out = []
+    for node in mb_graph.nodes:
+        if any(t in depends for t in node.inputs):
+            depends.update(node.outputs)
+            continue
+        # Values made from literals alone are the same in every microbatch (zeros, a broadcast 1/N),
+        # except positions counted along the batch (iota), which legacy uint32 keys draw from.
+        if all(t in constant for t in node.inputs) and node.primitive != "iota":
+            constant.update(node.outputs)
+            continue
+        grows = [t for t in node.outputs if full.tensor(t).shape != mb_graph.tensor(t).shape]
+        if grows and node.primitive in _DRAWS and not any(t in scaled for t in node.inputs):
+            out.extend(grows)
+        scaled.update(grows)
+    return tuple(out)
+
+
+def _generator(full: OpGraph, generated: Sequence[str]) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """A jitted function: the step's inputs (by name) -> the generated values at the global batch."""
+    producer = {t: n for n in full.nodes for t in n.outputs}
+    needed: dict[str, Any] = {}
+    stack = [producer[t] for t in generated]
+    while stack:
+        node = stack.pop()
+        if node.name in needed:
+            continue
+        needed[node.name] = node
+        stack.extend(producer[t] for t in node.inputs if t in producer)
+    nodes = [n for n in full.nodes if n.name in needed]
+    made = {t for n in nodes for t in n.outputs}
+    inputs = tuple(dict.fromkeys(t for n in nodes for t in n.inputs if t in full.inputs and t not in made))
+
+    @jax.jit
+    def draw(values: tuple) -> dict[str, Any]:
+        return evaluate(full, dict(zip(inputs, values)), nodes, tuple(generated))
+
+    def generate(leaves_by_name: Mapping[str, Any]) -> dict[str, Any]:
+        return draw(tuple(leaves_by_name[t] for t in inputs))
+
+    return generate
 
 
 def _per_example_outputs(full: OpGraph, mb_graph: OpGraph, m: int) -> frozenset[str]:

@@ -60,6 +60,7 @@ class Dataflow:
     producer_task: tuple[tuple[str, tuple[int, str]], ...]
     reduction: tuple[tuple[str, Reduction], ...]
     update_levels: int = 1
+    generated: tuple[str, ...] = ()  # made before the step and split like the batch (random draws)
 
     def task(self, stage: int, role: str) -> Task:
         for t in self.tasks:
@@ -102,6 +103,7 @@ def analyze(
     *,
     per_example: Collection[str] = (),
     accumulate: Literal["mean", "sum"] = "mean",
+    generated: Collection[str] = (),
 ) -> Dataflow:
     """Split the plan's stages into tasks and find the edges between them.
 
@@ -109,22 +111,28 @@ def analyze(
     depends on the batch when it is computed from one of them.
     `per_example` outputs are concatenated over microbatches; other
     batch-dependent values that leave the per-microbatch passes are
-    combined by `accumulate`.  Raises a ValueError when data would flow
-    against the pipeline, which no schedule can run.
+    combined by `accumulate`.  `generated` tensors are made before the
+    step (random draws at the global batch) and read like batch inputs.
+    Raises a ValueError when data would flow against the pipeline, which no
+    schedule can run.
     """
     stage_of = node_stages(graph, plan)
     constants = set(graph.constants or {})
     producer = {t: n.name for n in graph.nodes for t in n.outputs}
     outputs = set(graph.outputs)
 
+    # Nodes no task runs: constant-only ones (recomputed where read) and the generated draws.
     const_nodes: set[str] = set()
+    made_before = {producer[t] for t in generated}
+    for t in generated:
+        del producer[t]
     for node in graph.nodes:
-        if all(t in constants or producer.get(t) in const_nodes for t in node.inputs) and not (
-            set(node.outputs) & outputs
-        ):
+        if node.name in made_before or all(
+            t in constants or producer.get(t) in const_nodes for t in node.inputs
+        ) and not (set(node.outputs) & outputs):
             const_nodes.add(node.name)
 
-    batch_dep: set[str] = set(batch_inputs)
+    batch_dep: set[str] = set(batch_inputs) | set(generated)
     for node in graph.nodes:
         if any(t in batch_dep for t in node.inputs):
             batch_dep.update(node.outputs)
@@ -207,6 +215,7 @@ def analyze(
         producer_task=tuple(sorted(task_of_tensor.items())),
         reduction=tuple(sorted(reduction.items())),
         update_levels=levels,
+        generated=tuple(generated),
     )
 
 

@@ -9,7 +9,7 @@ import jax
 
 from alpaviz.core.graph import split_microbatch
 from alpaviz.core.plan import Plan
-from alpaviz.core.runtime._compile import CompiledStep
+from alpaviz.core.runtime._compile import CompiledStep, named_inputs
 from alpaviz.core.runtime._cross_mesh import move_local
 from alpaviz.core.runtime._schedule import ONCE, fusable_runs, is_update
 from alpaviz.core.runtime._stage_runner import StageError, StageRunner
@@ -95,14 +95,14 @@ class LocalEngine:
 
 def place_inputs(runners: Sequence[StageRunner], c: CompiledStep, leaves: Sequence[Any]) -> None:
     """Put every graph input each stage reads on that stage's mesh; batch inputs per microbatch."""
-    index = {name: i for i, name in enumerate(c.graph.inputs)}
-    batch = set(c.batch_inputs)
+    values = named_inputs(c, leaves)
+    batch = set(c.batch_inputs) | set(c.generated)
     m = c.num_microbatches
     slices: dict[str, list[Any]] = {}
     for runner in runners:
         runner.reset()
         for name in runner.needed_inputs:
-            leaf = leaves[index[name]]
+            leaf = values[name]
             if name in batch and m > 1:
                 if name not in slices:
                     slices[name] = [split_microbatch(leaf, m, k) for k in range(m)]

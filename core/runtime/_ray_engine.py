@@ -158,6 +158,12 @@ class RayEngine:
                  *, address: str | None = None, transport: str = "object_store",
                  init_kwargs: dict[str, Any] | None = None) -> None:
         check_transport(transport)
+        if compiled.generated:
+            raise ValueError(
+                f"the step draws batch-shaped random values ({', '.join(compiled.generated[:3])}) that the Ray "
+                f"engine cannot yet draw once per step at the global batch; use engine='local', or "
+                f"num_microbatches=1"
+            )
         try:
             import ray  # lazy: Ray is heavy and starts only for engine="ray"
         except ImportError:

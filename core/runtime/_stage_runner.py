@@ -62,8 +62,8 @@ class StageRunner:
                     raise ValueError(f"{self.describe()}: {err} (shapes are per microbatch)") from None
         self.tasks = {task.role: task for task in flow.tasks if task.stage == stage.index}
         self.reduction = flow.reduction_map
-        self.batch_inputs = frozenset(batch_inputs)
-        self.graph_inputs = frozenset(graph.inputs)
+        self.batch_inputs = frozenset(batch_inputs) | frozenset(flow.generated)
+        self.graph_inputs = frozenset(graph.inputs) | frozenset(flow.generated)
         self.aliases = dict(aliases)
         self.donate = donate
         self._producer = flow.producer_map

@@ -273,3 +273,19 @@ def test_panel_whatif_controls_replan():
     app.microbatches.value = 0
     assert "num_microbatches must be &gt;= 1, got 0" in app.status.object  # said before any solve
     assert app.session.plan.schedule.num_microbatches == 8 and app.session.whatif.num_microbatches == 8
+
+
+@pytest.mark.slow
+def test_launch_runs_a_users_optax_step_with_its_own_signature():
+    """Launch works for any step parallelize accepts: here step(params, opt_state, batch) from Flax + optax."""
+    from user_models import linen_lm
+
+    made = linen_lm()
+    graph = av.cluster_layers(av.trace(made.step, *made.args), 4)
+    plan = av.manual_plan(graph, av.Cluster.local(), stage_cuts=(2,), schedule=av.core.Schedule("1f1b", 2))
+    session = EditorSession(graph, plan, solver=hand_solver, step_fn=made.step, example_args=made.args)
+    ed = PlanEditor(session)
+    ed.launch_steps.value = 2
+    ed.launch_button.click()
+    assert session.ok, session.message
+    assert session.measured.num_stages == 2 and "launched 2 steps" in ed.status.value
