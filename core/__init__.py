@@ -26,6 +26,7 @@ from alpaviz.core.cost import (
 )
 # the plan data model
 from alpaviz.core.plan import (
+    MAX_DOCUMENT_BYTES as MAX_DOCUMENT_BYTES,
     data_parallel_specs as data_parallel_specs,
     graph_fingerprint as graph_fingerprint,
     Layer as Layer,
@@ -50,6 +51,7 @@ from alpaviz.core.plan import (
 )
 # the intra-operator pass
 from alpaviz.core.intra_op import (
+    check_plan_strategies as check_plan_strategies,
     collective_counts as collective_counts,
     shard_step as shard_step,
     ShardingInfeasibleError as ShardingInfeasibleError,
@@ -81,6 +83,8 @@ from alpaviz.core.runtime import (
 )
 
 __all__ = [
+    "check_plan_strategies",
+    "MAX_DOCUMENT_BYTES",
     "analytic_stage_cost",
     "AXIS_NAMES",
     "build_instructions",

@@ -98,8 +98,9 @@ class PanelEditor(WhatIfControls):
         return io.StringIO(self.session.plan.with_pins(self.session.pins).to_json(indent=1))
 
     def _on_upload(self, event: Any) -> None:
+        """The uploaded bytes alone are parsed; nothing the browser sends is taken as a server path."""
         if event.new:
-            self.session.load(event.new.decode() if isinstance(event.new, bytes) else str(event.new))
+            self.session.load_text(event.new if isinstance(event.new, bytes) else str(event.new).encode())
 
     def _on_whatif(self, event: Any) -> None:
         if not self._syncing:

@@ -14,8 +14,8 @@ import time
 from typing import Any, Callable, Literal
 
 from alpaviz.core import (
-    Cluster, Link, OpGraph, Pins, Plan, StageProfileCache, Timeline, parallelize, predicted_timeline, solve,
-    next_step_args, strategy_names as core_strategy_names,
+    MAX_DOCUMENT_BYTES, Cluster, Link, OpGraph, Pins, Plan, StageProfileCache, Timeline, check_plan_strategies,
+    next_step_args, parallelize, predicted_timeline, solve, strategy_names as core_strategy_names,
 )
 from alpaviz.widgets import _edits
 
@@ -269,15 +269,26 @@ class EditorSession:
             f.write(self.plan.with_pins(self.pins).to_json(indent=1))
         return self._changed(Outcome(True, f"plan saved to {path}"))
 
-    def load(self, path_or_text: str) -> Outcome:
+    def load_text(self, document: str | bytes) -> Outcome:
+        """Show a plan from a JSON document (the web app's upload: bytes only, never a path).
+
+        The document is size- and depth-limited and checked against this
+        session's graph and cluster before it replaces the shown plan.
+        """
         try:
-            text = path_or_text
-            if not text.lstrip().startswith("{"):
-                with open(path_or_text) as f:
-                    text = f.read()
-            plan = Plan.from_json(text)
+            plan = Plan.from_json(document)
             plan.check_graph(self.graph)
-        except (OSError, ValueError) as err:
+            check_plan_strategies(plan, self.graph)
+        except ValueError as err:
             return self._changed(Outcome(False, f"could not load the plan: {err}"))
         self.previous, self.plan, self.pins, self.measured = self.plan, plan, plan.pins, None
         return self._changed(Outcome(True, "plan loaded"))
+
+    def load(self, path: str) -> Outcome:
+        """Show a plan from a JSON file on this machine (the notebook editor, in the user's own kernel)."""
+        try:
+            with open(path, "rb") as f:
+                document = f.read(MAX_DOCUMENT_BYTES + 1)
+        except OSError as err:
+            return self._changed(Outcome(False, f"could not load the plan: {err}"))
+        return self.load_text(document)

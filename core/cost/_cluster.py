@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from alpaviz.core.graph import check_int, check_number
+
 AXIS_NAMES: tuple[str, str] = ("x", "y")
 
 
@@ -23,8 +25,7 @@ class DeviceSpec:
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "memory_bytes", "memory_bandwidth"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"DeviceSpec.{field} must be positive, got {getattr(self, field)!r}")
+            check_number(f"DeviceSpec.{field}", getattr(self, field), positive=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Link:
     bandwidth_bytes_per_s: float
 
     def __post_init__(self) -> None:
+        check_number("Link.alpha_s", self.alpha_s)
+        check_number("Link.bandwidth_bytes_per_s", self.bandwidth_bytes_per_s)
         if self.alpha_s < 0 or self.bandwidth_bytes_per_s <= 0:
             raise ValueError(
                 f"Link needs alpha_s >= 0 and bandwidth_bytes_per_s > 0, got "
@@ -104,6 +107,8 @@ class Cluster:
     name: str = "cluster"
 
     def __post_init__(self) -> None:
+        check_int("Cluster.num_hosts", self.num_hosts)
+        check_int("Cluster.devices_per_host", self.devices_per_host)
         if self.num_hosts < 1 or self.devices_per_host < 1:
             raise ValueError(
                 f"a cluster needs at least one host and one device per host, got "
@@ -222,7 +227,11 @@ class Cluster:
         return tuple((total // mp, mp) for mp in range(1, per_host + 1) if per_host % mp == 0)
 
     def validate_submesh(self, submesh: tuple[int, int]) -> None:
-        hosts, per_host = submesh
+        """Raise unless `submesh` (hosts, devices per host) is a submesh shape of this cluster."""
+        if not isinstance(submesh, (tuple, list)) or len(submesh) != 2:
+            raise ValueError(f"a submesh is (hosts, devices per host), got {submesh!r}")
+        hosts = check_int("submesh hosts", submesh[0])
+        per_host = check_int("submesh devices per host", submesh[1])
         if hosts < 1 or per_host < 1 or hosts > self.num_hosts or per_host > self.devices_per_host:
             raise ValueError(
                 f"submesh {submesh} does not fit cluster {self.num_hosts} hosts x "

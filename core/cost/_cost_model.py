@@ -10,7 +10,7 @@ import dataclasses
 from typing import Protocol
 
 from alpaviz.core.cost._cluster import DeviceSpec, Link, LogicalMesh
-from alpaviz.core.graph import DATA_MOVEMENT, ELEMENTWISE
+from alpaviz.core.graph import DATA_MOVEMENT, ELEMENTWISE, check_number
 
 FUSIBLE = ELEMENTWISE | DATA_MOVEMENT
 
@@ -49,6 +49,8 @@ class CostModel:
     fused_traffic_share: float = 0.1
 
     def __post_init__(self) -> None:
+        for field in ("compute_efficiency", "memory_efficiency", "all_to_all_penalty", "fused_traffic_share"):
+            check_number(f"CostModel.{field}", getattr(self, field))
         for field in ("compute_efficiency", "memory_efficiency"):
             value = getattr(self, field)
             if not 0 < value <= 1:

@@ -3,6 +3,8 @@
 This module only re-exports: the names other passes and users may rely on.
 """
 
+from alpaviz.core.graph._checks import check_int as check_int
+from alpaviz.core.graph._checks import check_number as check_number
 from alpaviz.core.graph._op_graph import OpGraph as OpGraph
 from alpaviz.core.graph._op_graph import OpNode as OpNode
 from alpaviz.core.graph._op_graph import Role as Role
@@ -27,6 +29,8 @@ from alpaviz.core.graph._microbatch import microbatch_args as microbatch_args
 from alpaviz.core.graph._microbatch import split_microbatch as split_microbatch
 
 __all__ = [
+    "check_int",
+    "check_number",
     "as_function",
     "assign_backward_layers",
     "cut_bytes",

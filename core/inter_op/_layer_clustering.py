@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from alpaviz.core.graph import OpGraph, assign_backward_layers, cut_bytes
+from alpaviz.core.graph import OpGraph, assign_backward_layers, check_int, check_number, cut_bytes
 
 _BALANCE_WEIGHT = 1e-2  # tie-break: relative weight of the FLOP imbalance against the cut bytes
 
@@ -30,10 +30,9 @@ def cluster_layers(graph: OpGraph, num_layers: int | None = None, *, eps: float 
     Example:
         >>> graph = av.cluster_layers(av.trace(step, params, batch), num_layers=4)
     """
-    if num_layers is not None and num_layers < 1:
-        raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-    if eps < 0:
-        raise ValueError(f"eps (the FLOP balance slack) must be >= 0, got {eps}")
+    if num_layers is not None:
+        check_int("num_layers", num_layers, minimum=1)
+    check_number("eps (the FLOP balance slack)", eps, minimum=0)
     if graph.num_layers > 1:
         if num_layers is None or num_layers >= graph.num_layers:
             return graph

@@ -92,7 +92,11 @@ def check_intra_op_pins(pins: Pins, profiles: ProfileTable) -> None:
         touching = [f"{n} uses {s!r}" for n, s in pins.strategies if n in set(view.nodes)]
         touching += [f"{t} sharded as {s}" for t, s in pins.partition_specs if t in set(view.tensors)]
         if touching:
-            reasons = sorted({p.reason for p in row})[:2]
+            # Where a pinned strategy exists, the solver's own reason is the real conflict; "not a
+            # strategy on mesh (1, 1)" only says that mesh was never a candidate.
+            distinct = sorted({p.reason for p in row})
+            conflicts = [r for r in distinct if "is not a strategy of" not in r]
+            reasons = (conflicts or distinct)[:2]
             shown = touching[:4] + ([f"... {len(touching) - 4} more"] if len(touching) > 4 else [])
             raise InfeasiblePinsError(
                 f"layer {view.index} cannot run on any mesh with the pins {shown}: {'; '.join(reasons)}; "

@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from alpaviz.core.cost import Cluster, CostModel
-from alpaviz.core.graph import OpGraph, microbatch_args, trace
+from alpaviz.core.graph import OpGraph, check_int, check_number, microbatch_args, trace
 from alpaviz.core.inter_op._data_parallel import data_parallel_pins
 from alpaviz.core.inter_op._layer_clustering import cluster_layers
 from alpaviz.core.inter_op._measure import measured_stage_cost
@@ -73,10 +73,10 @@ def solve(
         >>> print(plan.summary())
     """
     started = time.perf_counter()
-    if schedule not in ("1f1b", "gpipe"):
-        raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
-    if not isinstance(num_microbatches, int) or num_microbatches < 1:
-        raise ValueError(f"num_microbatches must be a positive int, got {num_microbatches!r}")
+    Schedule(schedule, num_microbatches)  # the kind and count, checked before any work
+    check_number("tolerance", tolerance, minimum=0)
+    if pins is not None and not isinstance(pins, Pins):
+        raise TypeError(f"pins must be an av.Pins, got {type(pins).__name__}")
     pins = Pins() if pins is None else pins
     if global_batch_argnums:
         if isinstance(fn_or_graph, OpGraph):
@@ -201,6 +201,7 @@ def prepare(
 
     `meshes` restricts the mesh choices (a baseline that needs only one mesh profiles only that).
     """
+    _check_options(cluster, memory_limit, num_layers, workers, submeshes)
     if isinstance(fn_or_graph, OpGraph):
         if args:
             raise ValueError("solve(graph, ...) takes no example arguments when given an OpGraph")
@@ -236,6 +237,31 @@ def prepare(
         raise ValueError(f"memory_limit must be positive bytes per device, got {memory_limit}")
     table = stage_cost_table(profiles, cluster, cost_model)
     return SolveSetup(graph, cluster, cost_model, meshes, profiles, table, limit, name)
+
+
+def _check_options(cluster: Cluster, memory_limit, num_layers, workers, submeshes) -> None:
+    """The numeric options of `solve`, refused before any profiling (a NaN limit would hang the diagnosis)."""
+    if not isinstance(cluster, Cluster):
+        raise TypeError(f"cluster must be an av.Cluster (e.g. av.Cluster.local()), got {type(cluster).__name__}")
+    if memory_limit is not None:
+        check_number("memory_limit (bytes per device)", memory_limit, positive=True)
+    if num_layers is not None:
+        check_int("num_layers", num_layers, minimum=1)
+    check_int("workers", workers, minimum=1)
+    if submeshes is not None:
+        shapes = [tuple(s) if isinstance(s, (tuple, list)) else s for s in submeshes]
+        for shape in shapes:
+            cluster.validate_submesh(shape)
+        sizes = sorted({s[0] * s[1] for s in shapes})
+        reachable = {0}
+        for total in range(1, cluster.num_devices + 1):
+            if any(total - size in reachable for size in sizes if size <= total):
+                reachable.add(total)
+        if cluster.num_devices not in reachable:
+            raise ValueError(
+                f"submeshes {shapes} cannot tile the cluster's {cluster.num_devices} devices (a plan uses every "
+                f"device); add a shape, e.g. one of {cluster.submesh_shapes()}"
+            )
 
 
 def _data_parallel_variant(graph: OpGraph, cluster: Cluster, meshes: Sequence[MeshChoice], fn: StageCostFn):

@@ -3,6 +3,7 @@
 This module only re-exports: the names other passes and users may rely on.
 """
 
+from alpaviz.core.intra_op._strategies import check_plan_strategies as check_plan_strategies
 from alpaviz.core.intra_op._strategies import strategy_names as strategy_names
 from alpaviz.core.intra_op._solve_sharding import ShardingInfeasibleError as ShardingInfeasibleError
 from alpaviz.core.intra_op._solve_sharding import collective_counts as collective_counts
@@ -11,6 +12,7 @@ from alpaviz.core.intra_op._solve_sharding import solve_sharding_auto as solve_s
 from alpaviz.core.intra_op._apply_sharding import shard_step as shard_step
 
 __all__ = [
+    "check_plan_strategies",
     "collective_counts",
     "shard_step",
     "ShardingInfeasibleError",

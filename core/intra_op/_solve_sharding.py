@@ -14,7 +14,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from alpaviz.core.cost import Cluster, CostModel, CostModelProtocol, LogicalMesh
-from alpaviz.core.graph import OpGraph, trace
+from alpaviz.core.graph import OpGraph, check_number, trace
 from alpaviz.core.intra_op._dim_labels import IDENTITY
 from alpaviz.core.intra_op._resharding import plan_resharding, resharding_cost
 from alpaviz.core.intra_op._sharding_ilp import Equal, IlpProblem, PairCost, _feasible_fixed, evaluate, solve
@@ -69,6 +69,9 @@ def solve_sharding(
         'S0R = S0R x RR'
     """
     start = time.perf_counter()
+    if memory_limit_bytes is not None:
+        check_number("memory_limit_bytes", memory_limit_bytes, positive=True)
+    check_number("time_limit_s", time_limit_s, positive=True)
     node_names = _subset(graph, nodes)
     _check_pins(graph, pins, mesh, set(node_names))
     pinned = frozenset(n for n in pins.strategy_map if n in set(node_names))

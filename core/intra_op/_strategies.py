@@ -15,12 +15,11 @@ import itertools
 import math
 from typing import Sequence
 
-import numpy as np
 
 from alpaviz.core.cost import CostModel, CostModelProtocol, DeviceSpec, LogicalMesh
 from alpaviz.core.graph import OpGraph, OpNode, TensorInfo, dtype_itemsize
 from alpaviz.core.intra_op._dim_labels import IDENTITY, DimLabels, dim_labels, is_free
-from alpaviz.core.plan import Spec, replicated, spec_name
+from alpaviz.core.plan import Plan, PlanFormatError, Spec, replicated, spec_name
 
 IDENTITY_STRATEGY = "identity"
 # Nominal device for naming only: names never depend on costs.
@@ -121,6 +120,23 @@ def strategy_names(graph: OpGraph, node_name: str, mesh: LogicalMesh) -> tuple[s
     """The stable strategy names of one operator, for pins and the editor's dropdown."""
     node = graph.node(node_name)
     return tuple(s.name for s in enumerate_strategies(graph, node, mesh, CostModel(), NAMING_DEVICE))
+
+
+def check_plan_strategies(plan: Plan, graph: OpGraph) -> None:
+    """Raise PlanFormatError unless every strategy in the plan is one its operator has on its stage's mesh."""
+    for stage in plan.stages:
+        if not stage.strategies:
+            continue
+        mesh = LogicalMesh(stage.logical_mesh, stage.device_ids, (plan.cluster.intra_host, plan.cluster.intra_host))
+        for node, name in stage.strategies:
+            if node not in graph.node_by_name:
+                raise PlanFormatError(f"plan.stages[{stage.index}].strategies: no operator named {node!r}")
+            legal = strategy_names(graph, node, mesh)
+            if name not in legal:
+                raise PlanFormatError(
+                    f"plan.stages[{stage.index}].strategies: {name!r} is not a strategy of {node} on logical mesh "
+                    f"{stage.logical_mesh}; it has {len(legal)}, e.g. {list(legal[:3])}"
+                )
 
 
 def _label_strategies(node: OpNode, ins: list[TensorInfo], outs: list[TensorInfo], labels: DimLabels,

@@ -11,6 +11,7 @@ from alpaviz.core.plan._spec import replicated as replicated
 from alpaviz.core.plan._spec import shard_shape as shard_shape
 from alpaviz.core.plan._spec import spec_name as spec_name
 from alpaviz.core.plan._spec import to_partition_spec as to_partition_spec
+from alpaviz.core.plan._serde import MAX_DOCUMENT_BYTES as MAX_DOCUMENT_BYTES
 from alpaviz.core.plan._serde import PlanFormatError as PlanFormatError
 from alpaviz.core.plan._pins import Pins as Pins
 from alpaviz.core.plan._plan import Layer as Layer
@@ -33,6 +34,7 @@ from alpaviz.core.plan._manual_plan import manual_plan as manual_plan
 from alpaviz.core.plan._manual_plan import megatron_specs as megatron_specs
 
 __all__ = [
+    "MAX_DOCUMENT_BYTES",
     "check_spec",
     "data_parallel_specs",
     "format_bytes",

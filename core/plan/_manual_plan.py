@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from alpaviz.core.cost import Cluster, CostModel
-from alpaviz.core.graph import OpGraph
+from alpaviz.core.graph import OpGraph, check_int
 from alpaviz.core.plan._pins import Pins
 from alpaviz.core.plan._plan import (
     Layer, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, graph_fingerprint,
@@ -47,7 +47,11 @@ def manual_plan(
         ...                    schedule=av.Schedule("1f1b", 4))
     """
     layers = _layers(graph)
-    cuts = tuple(stage_cuts)
+    cuts = tuple(check_int("a stage cut", c, minimum=1) for c in stage_cuts)
+    if devices_per_stage is not None:
+        check_int("devices_per_stage", devices_per_stage, minimum=1)
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must be an av.core.Schedule(kind, num_microbatches), got {schedule!r}")
     bounds = (0, *cuts, len(layers))
     if any(b >= c for b, c in zip(bounds, bounds[1:])):
         raise ValueError(

@@ -10,7 +10,8 @@ import dataclasses
 import json
 from typing import Mapping
 
-from alpaviz.core.plan._serde import from_jsonable, to_jsonable
+from alpaviz.core.graph import check_int
+from alpaviz.core.plan._serde import from_jsonable, load_json, to_jsonable
 from alpaviz.core.plan._spec import Spec
 
 Shape2 = tuple[int, int]
@@ -39,6 +40,20 @@ class Pins:
     partition_specs: tuple[tuple[str, Spec], ...] = ()
 
     def __post_init__(self) -> None:
+        for cut in tuple(self.stage_cuts) + tuple(self.forbidden_cuts):
+            check_int("a pinned cut (the layer where a stage starts)", cut)
+        if self.num_stages is not None:
+            check_int("num_stages", self.num_stages)
+        for stage, shape in tuple(self.stage_submeshes) + tuple(self.stage_logical_meshes):
+            check_int("a pinned stage index", stage)
+            if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+                raise ValueError(f"stage {stage}: a mesh shape is (rows, cols), got {shape!r}")
+            for size in shape:
+                check_int(f"stage {stage}'s mesh shape", size, minimum=1)
+        for pairs, what in ((self.strategies, "strategy"), (self.partition_specs, "partition spec")):
+            for pair in pairs:
+                if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
+                    raise ValueError(f"a {what} pin is (name, value), got {pair!r}")
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         set_("stage_cuts", tuple(sorted(set(self.stage_cuts))))
         set_("forbidden_cuts", tuple(sorted(set(self.forbidden_cuts))))
@@ -155,4 +170,4 @@ class Pins:
 
     @classmethod
     def from_json(cls, text: str) -> "Pins":
-        return from_jsonable(cls, json.loads(text), "pins")
+        return from_jsonable(cls, load_json(text, "pins"), "pins")

@@ -13,13 +13,15 @@ import json
 from typing import Literal, Mapping
 
 from alpaviz.core.cost import Cluster, CostModel
-from alpaviz.core.graph import OpGraph
+from alpaviz.core.graph import OpGraph, check_int, check_number
 from alpaviz.core.plan._pins import Pins
-from alpaviz.core.plan._serde import PlanFormatError, from_jsonable, to_jsonable
-from alpaviz.core.plan._spec import Spec, spec_name
+from alpaviz.core.plan._serde import PlanFormatError, from_jsonable, load_json, to_jsonable
+from alpaviz.core.plan._spec import Spec, check_spec, spec_name
 
 SCHEMA_VERSION = 1
 ScheduleKind = Literal["1f1b", "gpipe"]
+SCHEDULE_KINDS: tuple[str, ...] = ("1f1b", "gpipe")
+MAX_MICROBATCHES = 1 << 16  # far beyond any real pipeline; keeps a hostile plan from exhausting memory
 SolverStatus = Literal["optimal", "time_limited", "pinned", "heuristic"]
 
 
@@ -30,6 +32,10 @@ class Layer:
     index: int
     nodes: tuple[str, ...]
     flops: float
+
+    def __post_init__(self) -> None:
+        check_int("layer index", self.index, minimum=0)
+        check_number(f"layer {self.index} flops", self.flops, minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +50,10 @@ class StageCost:
     resharding_s: float
     memory_bytes: float
     activation_bytes: float = 0.0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            check_number(f"stage cost {field.name}", getattr(self, field.name), minimum=0, allow_inf=True)
 
     @property
     def microbatch_s(self) -> float:
@@ -66,13 +76,22 @@ class Stage:
     cost: StageCost
 
     def __post_init__(self) -> None:
-        if not 0 <= self.layer_start < self.layer_stop:
-            raise ValueError(f"stage {self.index}: empty layer range [{self.layer_start}, {self.layer_stop})")
-        if self.logical_mesh[0] * self.logical_mesh[1] != len(self.device_ids):
-            raise ValueError(
-                f"stage {self.index}: logical mesh {self.logical_mesh} does not match "
-                f"{len(self.device_ids)} devices"
-            )
+        check_int("stage index", self.index, minimum=0)
+        where = f"stage {self.index}"
+        check_int(f"{where} layer_start", self.layer_start, minimum=0)
+        check_int(f"{where} layer_stop", self.layer_stop, minimum=0)
+        if not self.layer_start < self.layer_stop:
+            raise ValueError(f"{where}: empty layer range [{self.layer_start}, {self.layer_stop})")
+        for what, shape in (("submesh", self.submesh), ("logical_mesh", self.logical_mesh)):
+            for size in shape:
+                check_int(f"{where} {what}", size, minimum=1)
+        for d in self.device_ids:
+            check_int(f"{where} device id", d, minimum=0)
+        if len(set(self.device_ids)) != len(self.device_ids):
+            raise ValueError(f"{where}: device ids {list(self.device_ids)} repeat a device; each must be distinct")
+        for what, shape in (("submesh", self.submesh), ("logical mesh", self.logical_mesh)):
+            if shape[0] * shape[1] != len(self.device_ids):
+                raise ValueError(f"{where}: {what} {shape} does not match {len(self.device_ids)} device ids")
 
     @property
     def layers(self) -> range:
@@ -95,8 +114,9 @@ class Schedule:
     num_microbatches: int = 1
 
     def __post_init__(self) -> None:
-        if self.num_microbatches < 1:
-            raise ValueError(f"num_microbatches must be >= 1, got {self.num_microbatches}")
+        if self.kind not in SCHEDULE_KINDS:
+            raise ValueError(f"schedule kind must be one of {list(SCHEDULE_KINDS)}, got {self.kind!r}")
+        check_int("num_microbatches", self.num_microbatches, minimum=1, maximum=MAX_MICROBATCHES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +131,10 @@ class PredictedCost:
     bubble_s: float
     max_memory_bytes: float
     memory_limit_bytes: float
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            check_number(f"predicted {field.name}", getattr(self, field.name), minimum=0, allow_inf=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +174,11 @@ class Plan:
                 f"plan.schema_version: this alpaviz reads version {SCHEMA_VERSION}, got "
                 f"{self.schema_version}; re-solve the plan with this version"
             )
+        if not self.stages:
+            raise ValueError("a plan has at least one stage; this one has none")
+        for i, layer in enumerate(self.layers):
+            if layer.index != i:
+                raise ValueError(f"layer {i} is numbered {layer.index}: layers are numbered 0, 1, ... in order")
         expected = 0
         for i, stage in enumerate(self.stages):
             if stage.index != i or stage.layer_start != expected:
@@ -158,8 +187,33 @@ class Plan:
                     f"at layer {expected}: stages must tile the layers in order"
                 )
             expected = stage.layer_stop
-        if self.stages and expected != len(self.layers):
+        if expected != len(self.layers):
             raise ValueError(f"the stages cover {expected} layers but the plan has {len(self.layers)}")
+        self._check_devices()
+
+    def _check_devices(self) -> None:
+        """Each stage on a real submesh of the cluster; no device in two stages."""
+        owner: dict[int, int] = {}
+        per_host = self.cluster.devices_per_host
+        for stage in self.stages:
+            self.cluster.validate_submesh(stage.submesh)
+            for d in stage.device_ids:
+                if d >= self.cluster.num_devices:
+                    raise ValueError(
+                        f"stage {stage.index} uses device {d}, but cluster {self.cluster.name!r} has "
+                        f"{self.cluster.num_devices} devices (ids 0..{self.cluster.num_devices - 1})"
+                    )
+            hosts = {d // per_host for d in stage.device_ids}
+            if len(hosts) != stage.submesh[0]:
+                raise ValueError(
+                    f"stage {stage.index}: submesh {stage.submesh} spans {stage.submesh[0]} host(s) but its "
+                    f"device ids {list(stage.device_ids)} sit on hosts {sorted(hosts)} ({per_host} devices per host)"
+                )
+            for d in stage.device_ids:
+                if d in owner:
+                    raise ValueError(f"device {d} is in stage {owner[d]} and stage {stage.index}; stages "
+                                     f"must use disjoint devices")
+                owner[d] = stage.index
 
     # ---- views -----------------------------------------------------------
     @property
@@ -188,12 +242,39 @@ class Plan:
         raise KeyError(f"operator {node!r} is not in the plan")
 
     def check_graph(self, graph: OpGraph) -> None:
-        """Raise unless this plan was made for `graph`."""
+        """Raise PlanFormatError unless this plan was made for `graph` and every name in it is real.
+
+        Checks the fingerprint, that the layers hold every operator exactly
+        once, and that each partition spec names a tensor of the graph and
+        divides it on its stage's logical mesh.
+        """
         if graph_fingerprint(graph) != self.graph_fingerprint:
-            raise ValueError(
-                f"this plan was made for model {self.model!r} with a different operator graph; "
-                f"re-solve it for the graph of {graph.name!r}"
+            raise PlanFormatError(
+                f"plan.graph_fingerprint: this plan was made for model {self.model!r} with a different "
+                f"operator graph; re-solve it for the graph of {graph.name!r}"
             )
+        seen: dict[str, int] = {}
+        for layer in self.layers:
+            for name in layer.nodes:
+                if name not in graph.node_by_name:
+                    raise PlanFormatError(f"plan.layers[{layer.index}]: no operator named {name!r} in the graph")
+                if name in seen:
+                    raise PlanFormatError(f"plan.layers[{layer.index}]: operator {name!r} is also in layer {seen[name]}")
+                seen[name] = layer.index
+        missing = [n.name for n in graph.nodes if n.name not in seen]
+        if missing:
+            raise PlanFormatError(f"plan.layers: {len(missing)} operators are in no layer (e.g. {missing[:3]})")
+        for stage in self.stages:
+            for name, _ in stage.strategies:
+                if name not in graph.node_by_name:
+                    raise PlanFormatError(f"plan.stages[{stage.index}].strategies: no operator named {name!r}")
+            for name, spec in stage.partition_specs:
+                if name not in graph.tensor_by_name:
+                    raise PlanFormatError(f"plan.stages[{stage.index}].partition_specs: no tensor named {name!r}")
+                try:
+                    check_spec(graph.tensor(name).shape, spec, stage.logical_mesh, what=f"tensor {name!r}")
+                except ValueError as err:
+                    raise PlanFormatError(f"plan.stages[{stage.index}].partition_specs: {err}") from None
 
     def summary(self) -> str:
         """A readable table of stages, meshes, times and memory."""
@@ -234,10 +315,7 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         """Parse a plan, refusing malformed JSON or a field that breaks the schema."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise PlanFormatError(f"plan: not valid JSON ({err})") from err
+        data = load_json(text, "plan")
         if not isinstance(data, dict):
             raise PlanFormatError(f"plan: expected a JSON object, got {type(data).__name__}")
         version = data.get("schema_version")

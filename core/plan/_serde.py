@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import types
 import typing
@@ -16,6 +17,66 @@ from typing import Any, Literal, Union
 
 class PlanFormatError(ValueError):
     """A plan or pins document does not match the schema."""
+
+
+MAX_DOCUMENT_BYTES = 64 * 2**20  # a plan of the largest suite model is well under 1 MiB
+MAX_NESTING = 32  # the schema nests about 8 levels deep
+
+
+def load_json(text: str | bytes, what: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> Any:
+    """Parse a JSON document in bounded time and memory, or raise PlanFormatError saying why.
+
+    Refuses documents over `max_bytes`, nested deeper than the schema can
+    be, NaN or Infinity, and numbers too long to convert.
+    """
+    if isinstance(text, bytes):
+        if len(text) > max_bytes:
+            raise PlanFormatError(f"{what}: the document is {len(text)} bytes, over the {max_bytes}-byte limit")
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise PlanFormatError(f"{what}: not UTF-8 text ({err})") from None
+    if not isinstance(text, str):
+        raise PlanFormatError(f"{what}: expected JSON text, got {type(text).__name__}")
+    if len(text) > max_bytes:
+        raise PlanFormatError(f"{what}: the document is {len(text)} characters, over the {max_bytes} limit")
+    depth = _max_nesting(text)
+    if depth > MAX_NESTING:
+        raise PlanFormatError(f"{what}: nested {depth} levels deep; a valid document nests at most {MAX_NESTING}")
+
+    def refuse_constant(name: str) -> Any:
+        raise PlanFormatError(f"{what}: {name} is not a valid number here; every figure must be finite")
+
+    try:
+        return json.loads(text, parse_constant=refuse_constant)
+    except json.JSONDecodeError as err:
+        raise PlanFormatError(f"{what}: not valid JSON ({err})") from None
+    except (ValueError, RecursionError) as err:  # e.g. an integer with more digits than Python converts
+        if isinstance(err, PlanFormatError):
+            raise
+        raise PlanFormatError(f"{what}: unreadable number or structure ({err})") from None
+
+
+def _max_nesting(text: str) -> int:
+    """The deepest bracket nesting outside strings (a linear scan, before any recursive parse)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -71,6 +132,8 @@ def from_jsonable(tp: Any, data: Any, path: str) -> Any:
             return float(data)
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             raise PlanFormatError(f"{path}: expected a number, got {data!r}")
+        if math.isnan(data) or abs(data) > 1e300:
+            raise PlanFormatError(f"{path}: expected a finite number, got {data!r}")
         return float(data)
     if tp is int:
         if isinstance(data, bool) or not isinstance(data, int):

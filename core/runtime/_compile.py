@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from alpaviz.core.graph import OpGraph, dtype_name, evaluate, microbatch_args, trace
+from alpaviz.core.intra_op import check_plan_strategies
 from alpaviz.core.plan import Plan, check_spec, graph_fingerprint
 from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge, analyze
 from alpaviz.core.runtime._schedule import Instruction, Program, build_instructions, interleave
@@ -81,8 +82,13 @@ def compile_step(
     if plan.graph_fingerprint not in (graph_fingerprint(full), graph_fingerprint(mb_graph)):
         raise ValueError(
             f"the plan was made for model {plan.model!r} with a different operator graph than "
-            f"{name!r} traced with these arguments; re-solve the plan for this step and these shapes"
+            f"{name!r} traced with these arguments ({_signature(full)}); re-solve the plan for this step "
+            f"and these shapes and dtypes"
         )
+    planned = full if plan.graph_fingerprint == graph_fingerprint(full) else mb_graph
+    plan.check_graph(planned)
+    check_plan_strategies(plan, planned)
+    _warn_host_callbacks(planned, plan)
     plan = _rebase_to_microbatch_graph(plan, full, mb_graph)
     plan = _fit_specs_to_microbatch(plan, full, mb_graph)
     counts = [len(jax.tree.leaves(a)) for a in args]
@@ -108,6 +114,42 @@ def compile_step(
         generated=generated,
         generator=_generator(full, generated) if generated else None,
     )
+
+
+class HostCallbackWarning(UserWarning):
+    """A host callback runs inside a stage of several devices: if it raises, XLA aborts the process."""
+
+
+_CALLBACKS = frozenset({"pure_callback", "io_callback", "debug_callback", "callback"})
+
+
+def _warn_host_callbacks(graph: OpGraph, plan: Plan) -> None:
+    """Say before launch what a failing callback would do: a collective waits forever, then XLA aborts."""
+    stage_of_layer = {layer: s for s in plan.stages for layer in s.layers}
+    for layer in plan.layers:
+        stage = stage_of_layer[layer.index]
+        if len(stage.device_ids) < 2:
+            continue
+        for name in layer.nodes:
+            node = graph.node(name)
+            if node.primitive in _CALLBACKS:
+                warnings.warn(
+                    f"{node.name} ({node.source or 'a host callback'}) runs on the {len(stage.device_ids)} "
+                    f"devices of stage {stage.index}: if the callback raises, the other devices wait in a "
+                    f"collective and XLA aborts the whole process (as plain jax.jit does); in a notebook the "
+                    f"kernel dies. Keep callbacks that can fail out of sharded stages, or test them with "
+                    f"num_microbatches=1 on one device first",
+                    HostCallbackWarning,
+                    stacklevel=3,
+                )
+                return
+
+
+def _signature(graph: OpGraph) -> str:
+    """The traced inputs (the batch first), shapes and dtypes, to name what differs from the plan's graph."""
+    first = [*graph.batch_inputs, *(t for t in graph.inputs if t not in set(graph.batch_inputs))]
+    shown = [f"{t}: {graph.tensor(t).dtype}{list(graph.tensor(t).shape)}" for t in first]
+    return ", ".join(shown[:6]) + (f", ... ({len(shown)} inputs)" if len(shown) > 6 else "")
 
 
 def named_inputs(compiled: CompiledStep, leaves: Sequence[Any]) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Literal, Sequence
 import jax
 import numpy as np
 
-from alpaviz.core.graph import OpGraph
+from alpaviz.core.graph import OpGraph, check_int
 from alpaviz.core.plan import Plan
 from alpaviz.core.runtime._compile import CompiledStep, check_args, compile_step
 from alpaviz.core.runtime._local_engine import LocalEngine
@@ -65,6 +65,12 @@ class ParallelStep:
     ) -> None:
         if engine not in ("local", "ray"):
             raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
+        if not callable(train_step):
+            raise TypeError(f"train_step must be the step function, got {type(train_step).__name__}")
+        if not isinstance(plan, Plan):
+            raise TypeError(f"plan must be an av.Plan (from av.solve or av.manual_plan), got {type(plan).__name__}")
+        if batch_argnums is not None:
+            batch_argnums = tuple(check_int("batch_argnums entry", i, minimum=0) for i in batch_argnums)
         self.train_step = train_step
         self.plan = plan
         if loss_reduction not in ("auto", "mean", "sum"):

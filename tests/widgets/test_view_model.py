@@ -23,7 +23,11 @@ def hand_plan(graph, cuts=(2,), cluster=None, pins=av.Pins(), submeshes=None, mi
     cluster = cluster or av.Cluster.a100_node(1)
     bounds = (0, *sorted(cuts), graph.num_layers)
     num = len(bounds) - 1
-    per = cluster.num_devices // num
+    pinned = sum(m[0] * m[1] for m, _ in (submeshes or {}).values())
+    unpinned = num - len(submeshes or {})
+    per = (cluster.num_devices - pinned) // unpinned if unpinned else 0
+    if unpinned and per < 1:
+        raise ValueError(f"pinned submeshes use {pinned} of {cluster.num_devices} devices, leaving none for the rest")
     layers = tuple(Layer(i, tuple(n.name for n in graph.nodes if n.layer == i), graph.layer_flops()[i])
                    for i in range(graph.num_layers))
     stages, first = [], 0
@@ -31,7 +35,9 @@ def hand_plan(graph, cuts=(2,), cluster=None, pins=av.Pins(), submeshes=None, mi
         submesh, logical = (submeshes or {}).get(i, ((1, per), (per, 1)))
         count = submesh[0] * submesh[1]
         nodes = [n for n in graph.nodes if bounds[i] <= n.layer < bounds[i + 1]]
-        strategies = tuple((n.name, "RR = RS x SR @ {0} (allreduce @ 0)") for n in nodes if n.primitive == "dot_general")
+        mesh = av.LogicalMesh(logical, tuple(range(first, first + count)), (cluster.intra_host, cluster.intra_host))
+        strategies = tuple((n.name, av.core.strategy_names(graph, n.name, mesh)[-1])
+                           for n in nodes if n.primitive == "dot_general")
         specs = []
         for name in sorted({t for n in nodes for t in n.inputs if t.startswith("params.")}):
             shape = graph.tensor(name).shape
@@ -135,7 +141,8 @@ def test_sharding_and_strategy_rows():
 
     assert wte.partition_spec == str(to_partition_spec(wte.spec)).replace("PartitionSpec", "P")
     strategies = vm.strategy_rows(graph, plan, pins, lambda node, stage: ("RR", "SR"))
-    assert strategies and all(r.options[0].startswith("RR =") and "SR" in r.options for r in strategies)
+    chosen = plan.strategies
+    assert strategies and all(r.options[0] == chosen[r.node] and "SR" in r.options for r in strategies)
     top = vm.costliest_operator(graph, strategies)
     assert graph.node(top).flops == max(graph.node(r.node).flops for r in strategies)
 

@@ -47,15 +47,15 @@ def test_second_and_third_click_cycle_no_cut_then_free():
 def test_submesh_dropdown_pins_and_infeasible_pin_is_explained():
     ed = _editor()
     dropdown = ed.submesh_dropdowns[0]
-    dropdown.value = ((1, 8), (8, 1))
-    assert ed.session.pins.submesh_map == {0: (1, 8)}
+    dropdown.value = ((1, 4), (4, 1))
+    assert ed.session.pins.submesh_map == {0: (1, 4)}
     good = ed.session.plan
-    ed.resolve_button.click()  # two stages cannot both fit next to an 8-device stage on 8 devices
-    ed.submesh_dropdowns[1].value = ((1, 8), (8, 1))
+    ed.resolve_button.click()  # the second stage takes the other 4 devices
+    ed.submesh_dropdowns[1].value = ((1, 8), (8, 1))  # 4 + 8 devices do not fit the 8 there are
     ed.resolve_button.click()
     assert "infeasible" in ed.status.value and "#b00020" in ed.status.value
     assert ed.progress.bar_style == "danger"
-    assert ed.session.plan.stages[0].submesh == (1, 8)  # the first re-solve's plan is still shown
+    assert ed.session.plan.stages[0].submesh == (1, 4)  # the first re-solve's plan is still shown
     assert ed.session.plan is not good
     ed.reset_button.click()
     assert ed.session.pins.is_empty and ed.submesh_dropdowns[0].value is None
