@@ -22,7 +22,7 @@ DATA_MOVEMENT = frozenset(
     """
     broadcast_in_dim reshape transpose squeeze expand_dims convert_element_type slice
     dynamic_slice dynamic_update_slice concatenate gather pad copy copy_p iota rev
-    select_and_gather_add stop_gradient layer_boundary split device_put sharding_constraint
+    select_and_gather_add stop_gradient layer_boundary split device_put sharding_constraint stack
     """.split()
 )
 

@@ -119,6 +119,16 @@ class OpGraph:
     batch_inputs: tuple[str, ...] = ()
     batch_argnums: tuple[int, ...] = ()
     batch_note: str = ""
+    # A stacked argument read layer by layer (a scan over layers) -> its slices along dim 0, which are
+    # extra inputs after the arguments' leaves; the runtime cuts them from the argument.
+    input_parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # A stacked output no operator makes -> the per-layer tensors the runtime stacks into it.
+    output_parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @cached_property
+    def output_tensors(self) -> frozenset[str]:
+        """What the step returns, with the parts of stacked outputs: every tensor a task must hand back."""
+        return frozenset(self.outputs) | frozenset(p for _, parts in self.output_parts for p in parts)
 
     @cached_property
     def node_by_name(self) -> Mapping[str, OpNode]:

@@ -13,17 +13,19 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
-from typing import Any, Callable, Sequence
+import types
+from typing import Any, Callable, Sequence, Union
 
 import jax
 import numpy as np
 from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
-from alpaviz.core.graph._flops import primitive_flops
-from alpaviz.core.graph._markers import LAYER_BOUNDARY
+from alpaviz.core.graph._flops import ELEMENTWISE, primitive_flops
+from alpaviz.core.graph._markers import LAYER_BOUNDARY, layer_boundary_p
 from alpaviz.core.graph._layers import assign_backward_layers
 from alpaviz.core.graph._op_graph import OpGraph, OpNode, TensorInfo, dtype_name
+from alpaviz.core.graph._scan import index_jaxpr, is_layer_scan, stack_jaxpr
 from alpaviz.core.graph._step_structure import RawOp, StepStructureError, find_batch_argnums, infer_roles
 
 # Call-like primitives whose body is spliced into the graph.
@@ -56,17 +58,19 @@ def trace(
     builder = _GraphBuilder()
     input_names = _input_names(fn, example_args)
     outer_inputs = [builder.add_input(n, v.aval) for n, v in zip(input_names, closed.jaxpr.invars)]
-    const_names = [builder.add_constant(c) for c in closed.consts]
-    outputs = builder.walk(closed.jaxpr, const_names, outer_inputs, "")
-    output_names = tuple(builder.name_output(i, t) for i, t in enumerate(outputs))
     batch_nums, batch_note = _batch_argnums(example_args, out_shape, batch_argnums)
     batch_inputs = _leaves_of(example_args, batch_nums, outer_inputs)
+    builder.batch_dependent.update(batch_inputs)
+    builder.leaves.update(outer_inputs)
+    const_names = [builder.add_constant(c) for c in closed.consts]
+    outputs = [builder.assembled_output(v) for v in builder.walk(closed.jaxpr, const_names, outer_inputs, "")]
+    output_names = tuple(builder.name_output(i, t) for i, t in enumerate(outputs))
     nodes, marked = _assign_roles_and_layers(builder, output_names, batch_inputs)
     graph = OpGraph(
         name=name or getattr(fn, "__name__", "step"),
         nodes=nodes,
         tensors=tuple(builder.tensors.values()),
-        inputs=tuple(outer_inputs),
+        inputs=(*outer_inputs, *(p for parts in builder.input_parts.values() for p in parts)),
         outputs=output_names,
         num_layers=1,
         in_tree=jax.tree.structure(example_args),
@@ -75,6 +79,8 @@ def trace(
         batch_inputs=batch_inputs,
         batch_argnums=batch_nums,
         batch_note=batch_note,
+        input_parts=tuple((leaf, tuple(parts)) for leaf, parts in builder.input_parts.items()),
+        output_parts=tuple(builder.output_parts.items()),
     )
     # Update operators take the layer of the parameter (or gradient) they update.
     full = assign_backward_layers(graph, marked)
@@ -141,11 +147,33 @@ def plain_data(value: Any) -> Any:
     return None
 
 
+@dataclasses.dataclass(eq=False)
+class _Stacked:
+    """An unrolled scan's stacked output, kept as its per-iteration parts until read whole."""
+
+    parts: tuple[str, ...]
+    scope: str
+    source: str
+    name: str | None = None
+
+
+Value = Union[str, _Stacked]
+# Elementwise primitives applied layer by layer to a scan's stacked values (the optimizer's arithmetic).
+_PER_LAYER = ELEMENTWISE | {"convert_element_type"}
+
+
 class _GraphBuilder:
     def __init__(self) -> None:
         self.tensors: dict[str, TensorInfo] = {}
         self.constants: dict[str, Any] = {}
         self.raw_nodes: list[dict[str, Any]] = []
+        # What depends on the batch, and what on constants alone: tells a scan over layers from others.
+        self.batch_dependent: set[str] = set()
+        self.constant_only: set[str] = set()
+        self.leaves: set[str] = set()  # the step's arguments, flattened
+        self.slices: dict[tuple[str, int], str] = {}
+        self.input_parts: dict[str, list[str]] = {}  # a stacked argument -> its per-layer slices, as inputs
+        self.output_parts: dict[str, tuple[str, ...]] = {}  # a stacked result -> the per-layer tensors it stacks
 
     def _new_tensor(self, aval: Any, kind: str, producer: str | None = None, name: str | None = None) -> str:
         name = name or f"t{len(self.tensors)}"
@@ -165,43 +193,161 @@ class _GraphBuilder:
         aval = aval if aval is not None else jax.typeof(value)
         name = self._new_tensor(aval, "constant", name=f"c{len(self.constants)}")
         self.constants[name] = value
+        self.constant_only.add(name)
         return name
 
     def name_output(self, index: int, tensor: str) -> str:
         return tensor
 
-    def walk(self, jaxpr: Any, consts: list[str], inputs: list[str], scope: str, source: str = "") -> list[str]:
-        """Add `jaxpr`'s equations; `scope` and `source` are those of the call it is the body of."""
-        env: dict[Any, str] = {}
+    def walk(self, jaxpr: Any, consts: list[str], inputs: list[Value], scope: str, source: str = "") -> list[Value]:
+        """Add `jaxpr`'s equations; `scope` and `source` are those of the call it is the body of.
+
+        Values are tensor names, or `_Stacked` per-iteration parts of an unrolled
+        scan's output, made into one tensor only when an operator reads it whole.
+        """
+        env: dict[Any, Value] = {}
         for var, name in zip(jaxpr.constvars, consts):
             env[var] = name
         for var, name in zip(jaxpr.invars, inputs):
             env[var] = name
 
-        def read(v: Any) -> str:
+        def read(v: Any) -> Value:
             if isinstance(v, jex_core.Literal):
                 return self.add_constant(v.val, v.aval)
             return env[v]
 
         for eqn in jaxpr.eqns:
-            in_names = [read(v) for v in eqn.invars]
+            values = [read(v) for v in eqn.invars]
             sub = _subjaxpr(eqn)
             if sub is not None and eqn.primitive.name in _INLINED:
                 inner, inner_consts = sub
                 const_names = [self.add_constant(c) for c in inner_consts]
-                out_names = self.walk(inner, const_names, in_names, _join(scope, eqn.source_info.name_stack),
-                                      _source(eqn) or source)
+                outs = self.walk(inner, const_names, values, _join(scope, eqn.source_info.name_stack),
+                                 _source(eqn) or source)
+            elif self.batch_dependent and is_layer_scan(eqn, [self._representative(v) for v in values],
+                                                        self.batch_dependent, self.constant_only):
+                outs = self._unroll_scan(eqn, values, _join(scope, eqn.source_info.name_stack),
+                                         _source(eqn) or source)
+            elif self._per_layer(eqn, values):
+                outs = [self._apply_per_layer(eqn, values, scope, _source(eqn) or source)]
             else:
-                out_names = self._add_node(eqn, in_names, scope, source)
-            for var, name in zip(eqn.outvars, out_names):
-                env[var] = name
+                outs = self._add_node(eqn, [self.materialize(v) for v in values], scope, source)
+            for var, value in zip(eqn.outvars, outs):
+                env[var] = value
         return [read(v) for v in jaxpr.outvars]
+
+    def assembled_output(self, value: Value) -> str:
+        """A step output; a stacked one (updated layer parameters) is left as its parts for the runtime to stack."""
+        if not isinstance(value, _Stacked) or value.name is not None:
+            return self.materialize(value)
+        first = self.tensors[value.parts[0]]
+        aval = types.SimpleNamespace(shape=(len(value.parts), *first.shape), dtype=first.dtype)
+        name = self._new_tensor(aval, "intermediate", name=f"stacked{len(self.output_parts)}")
+        self.output_parts[name] = value.parts
+        return name
+
+    def materialize(self, value: Value) -> str:
+        """A tensor name for `value`: stacked parts become one stacked tensor (once)."""
+        if not isinstance(value, _Stacked):
+            return value
+        if value.name is None:
+            parts = list(value.parts)
+            value.name = self._inline(stack_jaxpr([self.tensors[t] for t in parts]), parts, value.scope,
+                                      value.source)[0]
+        return value.name
+
+    def _per_layer(self, eqn: Any, values: list[Value]) -> bool:
+        """An elementwise op on a scan's stacked values (an optimizer step on stacked gradients)."""
+        if eqn.primitive.name not in _PER_LAYER or len(eqn.outvars) != 1:
+            return False
+        if not any(isinstance(v, _Stacked) for v in values):
+            return False
+        shape = tuple(eqn.outvars[0].aval.shape)
+        return all(self._full_shape(v) in (shape, ()) for v in values)
+
+    def _full_shape(self, value: Value) -> tuple[int, ...]:
+        if isinstance(value, _Stacked):
+            return (len(value.parts), *self.tensors[value.parts[0]].shape)
+        return self.tensors[value].shape
+
+    def _apply_per_layer(self, eqn: Any, values: list[Value], scope: str, source: str) -> _Stacked:
+        """Run `eqn` once per layer on that layer's slices, so each layer's update stays in its layer."""
+        length = next(len(v.parts) for v in values if isinstance(v, _Stacked))
+        parts = []
+        for i in range(length):
+            args = [v.parts[i] if isinstance(v, _Stacked) else v if self._full_shape(v) == () else
+                    self._slice(v, i, scope, source) for v in values]
+            avals = [jax.ShapeDtypeStruct(self.tensors[a].shape, self.tensors[a].dtype) for a in args]
+            closed = jax.make_jaxpr(lambda *xs: eqn.primitive.bind(*xs, **eqn.params))(*avals)
+            parts.append(self._inline(closed, args, scope, source)[0])
+        return _Stacked(tuple(parts), scope, source)
+
+    def _slice(self, tensor: str, i: int, scope: str, source: str) -> str:
+        """Slice i of a stacked tensor, made once however many operators read it.
+
+        A stacked argument of the step (layer parameters, their optimizer
+        state) is not sliced by an operator: its slices become inputs of
+        their own, which the runtime cuts from the user's array, so each
+        stage holds only its layers' share.
+        """
+        key = (tensor, i)
+        if key not in self.slices:
+            if tensor in self.leaves:
+                info = self.tensors[tensor]
+                parts = self.input_parts.setdefault(tensor, [])
+                for k in range(len(parts), info.shape[0]):
+                    aval = types.SimpleNamespace(shape=info.shape[1:], dtype=info.dtype)
+                    parts.append(self._new_tensor(aval, "input", name=f"{tensor}[{k}]"))
+                    self.slices[(tensor, k)] = parts[k]
+            else:
+                self.slices[key] = self._inline(index_jaxpr(self.tensors[tensor], i), [tensor], scope, source)[0]
+        return self.slices[key]
+
+    @staticmethod
+    def _representative(value: Value) -> str:
+        return value.parts[0] if isinstance(value, _Stacked) else value
+
+    def _inline(self, closed: Any, in_names: list[str], scope: str, source: str) -> list[str]:
+        outs = self.walk(closed.jaxpr, [self.add_constant(c) for c in closed.consts], in_names, scope, source)
+        return [self.materialize(v) for v in outs]
+
+    def _unroll_scan(self, eqn: Any, in_names: list[str], scope: str, source: str) -> list[str]:
+        """A scan over stacked layers as its iterations, with a layer boundary between two (see `_scan`)."""
+        p = eqn.params
+        length, n_consts, n_carry = int(p["length"]), p["num_consts"], p["num_carry"]
+        head = [self.materialize(v) for v in in_names[:n_consts + n_carry]]
+        consts, carry, xs = head[:n_consts], head[n_consts:], in_names[n_consts + n_carry:]
+        phase = "backward" if "transpose(" in scope else "forward"
+        body = p["jaxpr"]
+        body_consts = [self.add_constant(c) for c in body.consts]
+        order = list(range(length))[::-1] if p["reverse"] else list(range(length))
+        ys: dict[int, list[str]] = {}
+        for step, i in enumerate(order):
+            # An input stacked by an earlier unrolled scan (the forward's residuals) is read part by part.
+            sliced = [x.parts[i] if isinstance(x, _Stacked) else self._slice(x, i, scope, source) for x in xs]
+            outs = self.walk(body.jaxpr, body_consts, [*consts, *carry, *sliced], f"{scope}/iteration{i}", source)
+            carry = [self.materialize(v) for v in outs[:n_carry]]
+            ys[i] = [self.materialize(v) for v in outs[n_carry:]]
+            if step < length - 1 and carry:
+                carry = self._boundary(carry, f"scan iteration {i}", phase, scope, source)
+        stacked = [_Stacked(tuple(ys[i][k] for i in range(length)), scope, source)
+                   for k in range(len(eqn.outvars) - n_carry)]
+        return [*carry, *stacked]
+
+    def _boundary(self, values: list[str], name: str, phase: str, scope: str, source: str) -> list[str]:
+        avals = [jax.ShapeDtypeStruct(self.tensors[t].shape, self.tensors[t].dtype) for t in values]
+        closed = jax.make_jaxpr(lambda *xs: layer_boundary_p.bind(*xs, name=name, phase=phase))(*avals)
+        return self._inline(closed, values, scope, source)
 
     def _add_node(self, eqn: Any, in_names: list[str], scope: str, source: str) -> list[str]:
         index = len(self.raw_nodes)
         prim = eqn.primitive.name
         node_name = f"n{index}_{prim}"
         out_names = [self._new_tensor(v.aval, "intermediate", producer=node_name) for v in eqn.outvars]
+        if any(t in self.batch_dependent for t in in_names):
+            self.batch_dependent.update(out_names)
+        elif all(t in self.constant_only for t in in_names):
+            self.constant_only.update(out_names)
         in_shapes = [self.tensors[n].shape for n in in_names]
         out_shapes = [self.tensors[n].shape for n in out_names]
         plain = {k: plain_data(v) for k, v in eqn.params.items()}
@@ -269,7 +415,8 @@ def _node_flops(eqn: Any, prim: str, in_shapes, out_shapes, plain) -> tuple[floa
     if prim == "scan":
         body = eqn.params["jaxpr"].jaxpr
         length = int(eqn.params["length"])
-        return length * _jaxpr_flops(body), f"scan of length {length} kept as one node"
+        return length * _jaxpr_flops(body), (f"scan of length {length} kept as one node (it scans over no "
+                                             f"stacked parameters, so it is not a stack of layers)")
     if prim == "while":
         body = eqn.params["body_jaxpr"].jaxpr
         return _jaxpr_flops(body), "while loop kept as one node; FLOPs are one iteration's"

@@ -110,9 +110,19 @@ def solve(
         f"t_max candidates tried: {solution.candidates_tried} of {solution.candidates_total}; "
         f"profiling {profiled_at - started:.2f} s, DP {time.perf_counter() - profiled_at:.2f} s",
         "stage cost = sum of its layers' costs + boundary send/recv (no resharding inside a stage)",
+        *control_flow_notes(setup.graph),
     )
     return assemble_plan(setup, solution, pins, num_microbatches, schedule, time.perf_counter() - started,
                          notes, exact=tolerance == 0)
+
+
+def control_flow_notes(graph: OpGraph) -> tuple[str, ...]:
+    """What the plan treats as one operator: loops and branches that are not a scan over layers."""
+    return tuple(
+        f"{n.name} ({n.source or n.scope or 'control flow'}): {n.note}; it is replicated on its stage's "
+        f"mesh and no cut falls inside it"
+        for n in graph.nodes if n.primitive in ("scan", "while", "cond") and n.note
+    )
 
 
 def evaluate_stages(

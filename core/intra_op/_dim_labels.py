@@ -297,6 +297,14 @@ def _scatter_add(node: OpNode, ins: list[TensorInfo], outs: list[TensorInfo]) ->
     return _finish(ins, [tuple(op_labels), tuple(idx_labels), tuple(upd)], outs, [tuple(op_labels)])
 
 
+def _stack(node: OpNode, ins: list[TensorInfo], outs: list[TensorInfo]) -> DimLabels:
+    """`stack` (a scan's per-iteration outputs): the new axis stays whole, the others split as the parts do."""
+    axis = node.param("axis", 0)
+    labels = _own(ins[0].shape)
+    out = (*labels[:axis], None, *labels[axis:])
+    return _finish(ins, [tuple(labels)] * len(ins), outs, [tuple(out)])
+
+
 _RULES: dict[str, Callable[[OpNode, list[TensorInfo], list[TensorInfo]], DimLabels | None]] = {
     "dot_general": _dot_general,
     "conv_general_dilated": _conv,
@@ -313,6 +321,7 @@ _RULES: dict[str, Callable[[OpNode, list[TensorInfo], list[TensorInfo]], DimLabe
     "dynamic_update_slice": _slice_like,
     "pad": _pad,
     "concatenate": _keep_dims(lambda node, t: {node.param("dimension")}),
+    "stack": _stack,
     "split": _keep_dims(lambda node, t: {node.param("axis")}),
     "rev": _keep_dims(lambda node, t: set(node.param("dimensions"))),
     "sort": _keep_dims(lambda node, t: {node.param("dimension")}),

@@ -61,12 +61,14 @@ def _init_block(key: jax.Array, h: int, dtype: Any) -> dict[str, jax.Array]:
     }
 
 
-def init_gpt(key: jax.Array, cfg: GPTConfig, dtype: Any = jnp.float32) -> dict[str, Any]:
+def init_gpt(key: jax.Array, cfg: GPTConfig, dtype: Any = jnp.float32, scan_layers: bool = False) -> dict[str, Any]:
+    """GPT parameters; with `scan_layers` the blocks' parameters are stacked along a leading layer axis."""
     keys = jax.random.split(key, cfg.num_layers + 2)
+    blocks = [_init_block(keys[i + 2], cfg.hidden, dtype) for i in range(cfg.num_layers)]
     return {
         "wte": dense_init(keys[0], (cfg.vocab, cfg.hidden), dtype, scale=0.02),
         "wpe": dense_init(keys[1], (cfg.seq_len, cfg.hidden), dtype, scale=0.02),
-        "blocks": [_init_block(keys[i + 2], cfg.hidden, dtype) for i in range(cfg.num_layers)],
+        "blocks": jax.tree.map(lambda *xs: jnp.stack(xs), *blocks) if scan_layers else blocks,
         "lnf_g": jnp.ones((cfg.hidden,), dtype),
         "lnf_b": jnp.zeros((cfg.hidden,), dtype),
     }
@@ -95,10 +97,13 @@ def gpt_loss(params: dict[str, Any], batch: dict[str, jax.Array], cfg: GPTConfig
     """Next-token loss; a layer boundary after every block but the last."""
     tokens = batch["tokens"]
     x = jnp.take(params["wte"], tokens, axis=0) + params["wpe"][None, : tokens.shape[1]]
-    for i, p in enumerate(params["blocks"]):
-        x = block(x, p, cfg.heads)
-        if i < len(params["blocks"]) - 1:
-            x = mark_layer(x, name=f"block{i}")
+    if isinstance(params["blocks"], dict):  # stacked: one scan over the layers, as large JAX models write it
+        x, _ = jax.lax.scan(lambda h, p: (block(h, p, cfg.heads), None), x, params["blocks"])
+    else:
+        for i, p in enumerate(params["blocks"]):
+            x = block(x, p, cfg.heads)
+            if i < len(params["blocks"]) - 1:
+                x = mark_layer(x, name=f"block{i}")
     x = layer_norm(x, params["lnf_g"], params["lnf_b"])
     logits = x @ params["wte"].T
     return cross_entropy(logits, batch["labels"])
@@ -113,9 +118,10 @@ def gpt(
     learning_rate: float = 1e-2,
     abstract: bool = False,
     seed: int = 0,
+    scan_layers: bool = False,
     **overrides: int,
 ) -> ModelSpec:
-    """A GPT training step with params and a batch.
+    """A GPT training step with params and a batch; `scan_layers` stacks the blocks and scans over them.
 
     Example:
         >>> train_step, params, batch = av.models.gpt(num_layers=2, hidden=64)
@@ -124,8 +130,8 @@ def gpt(
     cfg = resolve_config(config, GPT_CONFIGS, GPTConfig(), "GPT", overrides)
     make_batch = token_batch(batch_size, cfg.seq_len, cfg.vocab)
 
-    name = f"gpt_l{cfg.num_layers}_h{cfg.hidden}"
+    name = f"gpt_l{cfg.num_layers}_h{cfg.hidden}" + ("_scan" if scan_layers else "")
     return build(
-        lambda k: init_gpt(k, cfg, dtype), make_batch, lambda p, b: gpt_loss(p, b, cfg),
+        lambda k: init_gpt(k, cfg, dtype, scan_layers), make_batch, lambda p, b: gpt_loss(p, b, cfg),
         name, optimizer, learning_rate, abstract, seed,
     )

@@ -153,8 +153,11 @@ def _signature(graph: OpGraph) -> str:
 
 
 def named_inputs(compiled: CompiledStep, leaves: Sequence[Any]) -> dict[str, Any]:
-    """The step's input leaves by graph input name, plus this step's generated draws (global batch)."""
+    """The step's input leaves by graph input name, the per-layer slices of stacked ones, and this step's draws."""
     values = dict(zip(compiled.graph.inputs, leaves))
+    for leaf, parts in compiled.graph.input_parts:
+        stacked = values[leaf]
+        values.update((part, stacked[i]) for i, part in enumerate(parts))
     if compiled.generator is not None:
         values.update(compiled.generator(values))
     return values

@@ -119,7 +119,7 @@ def analyze(
     stage_of = node_stages(graph, plan)
     constants = set(graph.constants or {})
     producer = {t: n.name for n in graph.nodes for t in n.outputs}
-    outputs = set(graph.outputs)
+    outputs = set(graph.output_tensors)
 
     # Nodes no task runs: constant-only ones (recomputed where read) and the generated draws.
     const_nodes: set[str] = set()

@@ -119,9 +119,14 @@ def collect_outputs(c: CompiledStep, leaves: Sequence[Any], result: Callable[[in
     index = {name: i for i, name in enumerate(c.graph.inputs)}
     producer = c.flow.producer_map
     constants = c.graph.constants or {}
+    stacked = dict(c.graph.output_parts)
     outs = []
     for name in c.graph.outputs:
-        if name in producer:
+        if name in stacked:  # updated layer parameters: each layer's slice from its stage, stacked again
+            parts = [result(producer[p][0], p) for p in stacked[name]]
+            home = parts[0].sharding
+            outs.append(jax.numpy.stack([jax.device_put(p, home) for p in parts]))
+        elif name in producer:
             outs.append(result(producer[name][0], name))
         elif name in index:
             outs.append(leaves[index[name]])

@@ -158,6 +158,11 @@ class RayEngine:
                  *, address: str | None = None, transport: str = "object_store",
                  init_kwargs: dict[str, Any] | None = None) -> None:
         check_transport(transport)
+        if compiled.graph.input_parts or compiled.graph.output_parts:
+            raise ValueError(
+                f"the step scans over stacked layer parameters ({compiled.graph.input_parts[0][0]}, ...), which the "
+                f"Ray engine cannot yet cut into per-stage slices; use engine='local'"
+            )
         if compiled.generated:
             raise ValueError(
                 f"the step draws batch-shaped random values ({', '.join(compiled.generated[:3])}) that the Ray "

@@ -75,7 +75,7 @@ class StageRunner:
         for task in flow.tasks:
             for t in task.inputs:
                 self._readers.setdefault(t, set()).add((task.stage, task.role))
-        self._graph_outputs = frozenset(graph.outputs)
+        self._graph_outputs = graph.output_tensors
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._fns: dict[tuple[str, ...], Any] = {}
         self._first_args: dict[tuple[str, ...], Any] = {}

@@ -1,0 +1,86 @@
+"""A scan over stacked layers is planned and launched like the same model written as a loop."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import alpaviz as av
+from alpaviz.core import Schedule
+from test_user_code import relative_error, run_jit, run_parallel
+from user_models import Case
+
+# SGD: Adam turns float noise in a gradient that is zero in exact arithmetic (a key bias) into a full step.
+GPT = dict(num_layers=4, hidden=32, heads=2, seq_len=16, vocab=64, batch_size=8, optimizer="sgd")
+
+
+def _gpt(scan: bool, **options) -> Case:
+    step, params, batch = av.models.gpt(scan_layers=scan, **{**GPT, **options})
+    return Case("gpt_scan" if scan else "gpt_loop", step, (params, batch), lambda args, outs: (outs[0], args[1]))
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    return {scan: av.trace(*(lambda c: (c.step, *c.args))(_gpt(scan))) for scan in (False, True)}
+
+
+def test_each_iteration_is_a_layer_with_the_loops_work(graphs):
+    loop, scan = graphs[False], graphs[True]
+    assert not [n for n in scan.nodes if n.primitive == "scan"]
+    assert scan.num_layers == loop.num_layers == GPT["num_layers"]
+    for role in ("forward", "backward"):
+        dots = lambda g: sorted(n.flops for n in g.nodes if n.primitive == "dot_general" and n.role == role)  # noqa: E731
+        assert dots(scan) == dots(loop)
+    by_layer = lambda g: [sum(n.flops for n in g.nodes if n.layer == i and n.primitive == "dot_general")  # noqa: E731
+                          for i in range(g.num_layers)]
+    assert by_layer(scan) == pytest.approx(by_layer(loop))
+
+
+def test_the_scanned_plan_matches_the_loops_plan():
+    graphs = {s: av.trace(*(lambda c: (c.step, *c.args))(_gpt(s, optimizer="adam"))) for s in (False, True)}
+    plans = {s: av.solve(g, cluster=av.Cluster.local(), num_microbatches=4, progress=False) for s, g in graphs.items()}
+    shape = lambda p: [(s.layer_start, s.layer_stop, s.submesh, s.logical_mesh) for s in p.stages]  # noqa: E731
+    assert shape(plans[True]) == shape(plans[False])
+    assert plans[True].predicted.step_time_s == pytest.approx(plans[False].predicted.step_time_s, rel=0.05)
+
+
+@pytest.mark.parametrize("cuts", [(2,), (1, 2, 3)], ids=["2_stages", "4_stages"])
+def test_cuts_inside_the_scan_match_jit(graphs, cuts):
+    case = _gpt(scan=True)
+    plan = av.manual_plan(graphs[True], av.Cluster.local(), stage_cuts=cuts, schedule=Schedule("1f1b", 2))
+    outs = run_parallel(case, plan)
+    assert jax.tree.structure(outs[-1][0]) == jax.tree.structure(case.args[0])  # stacked params keep their shape
+    assert relative_error(outs, run_jit(case)) <= 1e-5
+
+
+def test_remat_in_the_body_is_priced_as_forward_recompute_and_backward():
+    def make(remat):
+        def body(h, w):
+            return jnp.tanh(h @ w), None
+
+        body = jax.checkpoint(body) if remat else body
+
+        def step(ws, x):
+            loss, g = jax.value_and_grad(lambda ws: jnp.mean(jax.lax.scan(body, x, ws)[0] ** 2))(ws)
+            return ws - 0.1 * g, loss
+
+        return av.trace(step, jnp.ones((3, 16, 16)), jnp.ones((8, 16))).flops_by_role()
+
+    plain, remat = make(False), make(True)
+    assert remat["forward"] == pytest.approx(plain["forward"], rel=0.05)
+    assert remat["backward"] == pytest.approx(plain["backward"] + plain["forward"], rel=0.05)
+
+
+def test_a_scan_over_time_stays_one_operator_and_the_plan_says_why():
+    def step(w, xs):
+        def loss(w):
+            h, _ = jax.lax.scan(lambda h, x: (jnp.tanh(h @ w + x), None), jnp.zeros((8, 16)), xs)
+            return jnp.mean(h ** 2)
+
+        l, g = jax.value_and_grad(loss)(w)
+        return w - 0.1 * g, l
+
+    graph = av.trace(step, jnp.ones((16, 16)), jnp.ones((5, 8, 16)), batch_argnums=(1,))
+    scans = [n for n in graph.nodes if n.primitive == "scan"]
+    assert len(scans) == 2 and all("not a stack of layers" in n.note for n in scans)
+    plan = av.solve(graph, cluster=av.Cluster.local(), progress=False)
+    assert any("scan of length 5 kept as one node" in note for note in plan.solver.notes)
