@@ -60,10 +60,16 @@ def layer_graph_view(graph: OpGraph, plan: Plan) -> GraphView:
     for node in graph.nodes:
         counts[node.layer] += 1
     flops = graph.layer_flops()
+    # Loops that stay one operator (a scan over time, a while loop) are shown with the reason.
+    blocks: dict[int, list[str]] = {}
+    for node in graph.nodes:
+        if node.primitive in ("scan", "while", "cond") and node.note:
+            blocks.setdefault(node.layer, []).append(f"{node.name}: {node.note}")
     nodes = tuple(
         GraphNodeView(
             key=f"layer{i}", label=f"L{i}", stage=stage_of.get(i, 0), flops=flops[i], x=float(i), y=0.0,
-            hover=(f"layer {i} (stage {stage_of.get(i, 0)})<br>{counts[i]} operators<br>{_fmt_flops(flops[i])}"),
+            hover=(f"layer {i} (stage {stage_of.get(i, 0)})<br>{counts[i]} operators<br>{_fmt_flops(flops[i])}"
+                   + "".join(f"<br>one block: {b}" for b in blocks.get(i, ()))),
         )
         for i in range(graph.num_layers)
     )
@@ -89,6 +95,7 @@ def _op_hover(graph: OpGraph, plan: Plan, name: str) -> str:
     return (
         f"{name} [{node.primitive}, {node.role}]<br>in: {shapes(node.inputs)}<br>out: {shapes(node.outputs)}"
         f"<br>strategy: {strategy}<br>{_fmt_flops(node.flops)}, ~{seconds * 1e6:.3g} us compute per device"
+        + (f"<br>{node.note}" if node.note else "")
     )
 
 

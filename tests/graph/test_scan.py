@@ -84,3 +84,7 @@ def test_a_scan_over_time_stays_one_operator_and_the_plan_says_why():
     assert len(scans) == 2 and all("not a stack of layers" in n.note for n in scans)
     plan = av.solve(graph, cluster=av.Cluster.local(), progress=False)
     assert any("scan of length 5 kept as one node" in note for note in plan.solver.notes)
+    from alpaviz.widgets import _view_model as vm
+
+    hovers = " ".join(n.hover for n in vm.layer_graph_view(graph, plan).nodes)
+    assert "one block: " in hovers and "not a stack of layers" in hovers
