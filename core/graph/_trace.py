@@ -13,19 +13,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
-import types
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 from jax.extend import core as jex_core
 from jax.extend import source_info_util
 
-from alpaviz.core.graph._flops import ELEMENTWISE, primitive_flops
-from alpaviz.core.graph._markers import LAYER_BOUNDARY, layer_boundary_p
+from alpaviz.core.graph._flops import primitive_flops
+from alpaviz.core.graph._markers import LAYER_BOUNDARY
 from alpaviz.core.graph._layers import assign_backward_layers
 from alpaviz.core.graph._op_graph import OpGraph, OpNode, TensorInfo, dtype_name
-from alpaviz.core.graph._scan import index_jaxpr, is_layer_scan, stack_jaxpr
+from alpaviz.core.graph._scan import LayerScanUnroller, Value, is_layer_scan
 from alpaviz.core.graph._step_structure import RawOp, StepStructureError, find_batch_argnums, infer_roles
 
 # Call-like primitives whose body is spliced into the graph.
@@ -147,22 +146,9 @@ def plain_data(value: Any) -> Any:
     return None
 
 
-@dataclasses.dataclass(eq=False)
-class _Stacked:
-    """An unrolled scan's stacked output, kept as its per-iteration parts until read whole."""
+class _GraphBuilder(LayerScanUnroller):
+    """Turns a jaxpr into nodes and tensors, inlining calls and unrolling scans over layers."""
 
-    parts: tuple[str, ...]
-    scope: str
-    source: str
-    name: str | None = None
-
-
-Value = Union[str, _Stacked]
-# Elementwise primitives applied layer by layer to a scan's stacked values (the optimizer's arithmetic).
-_PER_LAYER = ELEMENTWISE | {"convert_element_type"}
-
-
-class _GraphBuilder:
     def __init__(self) -> None:
         self.tensors: dict[str, TensorInfo] = {}
         self.constants: dict[str, Any] = {}
@@ -236,108 +222,9 @@ class _GraphBuilder:
                 env[var] = value
         return [read(v) for v in jaxpr.outvars]
 
-    def assembled_output(self, value: Value) -> str:
-        """A step output; a stacked one (updated layer parameters) is left as its parts for the runtime to stack."""
-        if not isinstance(value, _Stacked) or value.name is not None:
-            return self.materialize(value)
-        first = self.tensors[value.parts[0]]
-        aval = types.SimpleNamespace(shape=(len(value.parts), *first.shape), dtype=first.dtype)
-        name = self._new_tensor(aval, "intermediate", name=f"stacked{len(self.output_parts)}")
-        self.output_parts[name] = value.parts
-        return name
-
-    def materialize(self, value: Value) -> str:
-        """A tensor name for `value`: stacked parts become one stacked tensor (once)."""
-        if not isinstance(value, _Stacked):
-            return value
-        if value.name is None:
-            parts = list(value.parts)
-            value.name = self._inline(stack_jaxpr([self.tensors[t] for t in parts]), parts, value.scope,
-                                      value.source)[0]
-        return value.name
-
-    def _per_layer(self, eqn: Any, values: list[Value]) -> bool:
-        """An elementwise op on a scan's stacked values (an optimizer step on stacked gradients)."""
-        if eqn.primitive.name not in _PER_LAYER or len(eqn.outvars) != 1:
-            return False
-        if not any(isinstance(v, _Stacked) for v in values):
-            return False
-        shape = tuple(eqn.outvars[0].aval.shape)
-        return all(self._full_shape(v) in (shape, ()) for v in values)
-
-    def _full_shape(self, value: Value) -> tuple[int, ...]:
-        if isinstance(value, _Stacked):
-            return (len(value.parts), *self.tensors[value.parts[0]].shape)
-        return self.tensors[value].shape
-
-    def _apply_per_layer(self, eqn: Any, values: list[Value], scope: str, source: str) -> _Stacked:
-        """Run `eqn` once per layer on that layer's slices, so each layer's update stays in its layer."""
-        length = next(len(v.parts) for v in values if isinstance(v, _Stacked))
-        parts = []
-        for i in range(length):
-            args = [v.parts[i] if isinstance(v, _Stacked) else v if self._full_shape(v) == () else
-                    self._slice(v, i, scope, source) for v in values]
-            avals = [jax.ShapeDtypeStruct(self.tensors[a].shape, self.tensors[a].dtype) for a in args]
-            closed = jax.make_jaxpr(lambda *xs: eqn.primitive.bind(*xs, **eqn.params))(*avals)
-            parts.append(self._inline(closed, args, scope, source)[0])
-        return _Stacked(tuple(parts), scope, source)
-
-    def _slice(self, tensor: str, i: int, scope: str, source: str) -> str:
-        """Slice i of a stacked tensor, made once however many operators read it.
-
-        A stacked argument of the step (layer parameters, their optimizer
-        state) is not sliced by an operator: its slices become inputs of
-        their own, which the runtime cuts from the user's array, so each
-        stage holds only its layers' share.
-        """
-        key = (tensor, i)
-        if key not in self.slices:
-            if tensor in self.leaves:
-                info = self.tensors[tensor]
-                parts = self.input_parts.setdefault(tensor, [])
-                for k in range(len(parts), info.shape[0]):
-                    aval = types.SimpleNamespace(shape=info.shape[1:], dtype=info.dtype)
-                    parts.append(self._new_tensor(aval, "input", name=f"{tensor}[{k}]"))
-                    self.slices[(tensor, k)] = parts[k]
-            else:
-                self.slices[key] = self._inline(index_jaxpr(self.tensors[tensor], i), [tensor], scope, source)[0]
-        return self.slices[key]
-
-    @staticmethod
-    def _representative(value: Value) -> str:
-        return value.parts[0] if isinstance(value, _Stacked) else value
-
     def _inline(self, closed: Any, in_names: list[str], scope: str, source: str) -> list[str]:
         outs = self.walk(closed.jaxpr, [self.add_constant(c) for c in closed.consts], in_names, scope, source)
         return [self.materialize(v) for v in outs]
-
-    def _unroll_scan(self, eqn: Any, in_names: list[str], scope: str, source: str) -> list[str]:
-        """A scan over stacked layers as its iterations, with a layer boundary between two (see `_scan`)."""
-        p = eqn.params
-        length, n_consts, n_carry = int(p["length"]), p["num_consts"], p["num_carry"]
-        head = [self.materialize(v) for v in in_names[:n_consts + n_carry]]
-        consts, carry, xs = head[:n_consts], head[n_consts:], in_names[n_consts + n_carry:]
-        phase = "backward" if "transpose(" in scope else "forward"
-        body = p["jaxpr"]
-        body_consts = [self.add_constant(c) for c in body.consts]
-        order = list(range(length))[::-1] if p["reverse"] else list(range(length))
-        ys: dict[int, list[str]] = {}
-        for step, i in enumerate(order):
-            # An input stacked by an earlier unrolled scan (the forward's residuals) is read part by part.
-            sliced = [x.parts[i] if isinstance(x, _Stacked) else self._slice(x, i, scope, source) for x in xs]
-            outs = self.walk(body.jaxpr, body_consts, [*consts, *carry, *sliced], f"{scope}/iteration{i}", source)
-            carry = [self.materialize(v) for v in outs[:n_carry]]
-            ys[i] = [self.materialize(v) for v in outs[n_carry:]]
-            if step < length - 1 and carry:
-                carry = self._boundary(carry, f"scan iteration {i}", phase, scope, source)
-        stacked = [_Stacked(tuple(ys[i][k] for i in range(length)), scope, source)
-                   for k in range(len(eqn.outvars) - n_carry)]
-        return [*carry, *stacked]
-
-    def _boundary(self, values: list[str], name: str, phase: str, scope: str, source: str) -> list[str]:
-        avals = [jax.ShapeDtypeStruct(self.tensors[t].shape, self.tensors[t].dtype) for t in values]
-        closed = jax.make_jaxpr(lambda *xs: layer_boundary_p.bind(*xs, name=name, phase=phase))(*avals)
-        return self._inline(closed, values, scope, source)
 
     def _add_node(self, eqn: Any, in_names: list[str], scope: str, source: str) -> list[str]:
         index = len(self.raw_nodes)
