@@ -9,6 +9,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import jax
+
+from alpaviz.core.cost._calibrate import CACHE_DIR, calibrate as measure
 from alpaviz.core.graph import check_int, check_number
 
 AXIS_NAMES: tuple[str, str] = ("x", "y")
@@ -167,21 +170,33 @@ class Cluster:
         peak_flops: float = 5e10,
         memory_bytes: float = 2e9,
         link: Link = Link(alpha_s=1e-5, bandwidth_bytes_per_s=5e9),
+        *,
+        calibrate: bool = False,
+        cache_dir: str | None = None,
     ) -> "Cluster":
         """The JAX devices of this process (e.g. 8 virtual CPU devices) as one host.
 
-        The figures are nominal CPU ones; pass measured values for real planning.
+        The default figures are nominal CPU ones.  With `calibrate=True` the
+        FLOP/s, memory bandwidth and link are measured on these devices with
+        all of them busy (`calibrate()`, cached per machine in `cache_dir`):
+        achieved rates, so price with `CostModel(compute_efficiency=1.0,
+        memory_efficiency=1.0)` to use them as measured.
         """
-        import jax
-
         devices = jax.local_devices()
+        bandwidth, name = 2e10, f"local {len(devices)}x{devices[0].platform}"
+        if calibrate:
+            cal = measure(CACHE_DIR if cache_dir is None else cache_dir)
+            peak_flops, bandwidth = cal.matmul_flops, cal.memory_bandwidth
+            if math.isfinite(cal.collective_bandwidth):
+                link = Link(alpha_s=cal.collective_alpha_s, bandwidth_bytes_per_s=cal.collective_bandwidth)
+            name += " (calibrated)"
         return cls(
             num_hosts=jax.process_count(),
             devices_per_host=len(devices),
-            device=DeviceSpec(f"local-{devices[0].platform}", peak_flops, memory_bytes, 2e10),
+            device=DeviceSpec(f"local-{devices[0].platform}", peak_flops, memory_bytes, bandwidth),
             intra_host=link,
             inter_host=link,
-            name=f"local {len(devices)}x{devices[0].platform}",
+            name=name,
         )
 
     @classmethod

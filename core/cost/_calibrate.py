@@ -1,0 +1,122 @@
+"""Measure this machine's devices: matmul FLOP/s, memory bandwidth, collective latency and bandwidth.
+
+The local devices are often virtual CPU devices that share a few cores, so
+each figure is taken with every device busy at once: that is what a plan
+that uses all of them gets.  Results are cached per machine (host, cores,
+JAX version, device kind and count) so a notebook pays for them once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import platform
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from alpaviz.core.graph import check_number
+
+CACHE_DIR = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "alpaviz"
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """Measured figures of the local devices, each with every device busy at once."""
+
+    device_kind: str
+    num_devices: int
+    matmul_flops: float  # per device, f32
+    memory_bandwidth: float  # bytes/s per device
+    collective_alpha_s: float  # latency of an all-reduce among all devices
+    collective_bandwidth: float  # bytes/s in the alpha-beta all-reduce model
+    seconds: float  # how long measuring took
+
+
+def calibrate(cache_dir: pathlib.Path | str | None = CACHE_DIR, refresh: bool = False) -> Calibration:
+    """Measure (or read from the cache) the local devices' figures in a few seconds.
+
+    Example:
+        >>> cal = av.core.calibrate()
+        >>> cluster = av.Cluster.local(calibrate=True)
+    """
+    devices = jax.local_devices()
+    key = _machine_key(devices)
+    path = None if cache_dir is None else pathlib.Path(cache_dir) / f"calibration-{key}.json"
+    if path is not None and path.exists() and not refresh:
+        try:
+            return Calibration(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            pass  # a stale or damaged cache file: measure again
+    started = time.perf_counter()
+    mesh = Mesh(np.asarray(devices), ("d",))
+    flops = _matmul_flops(mesh)
+    bandwidth = _memory_bandwidth(mesh)
+    alpha, beta = _all_reduce(mesh)
+    result = Calibration(devices[0].platform, len(devices), flops, bandwidth, alpha, beta,
+                         time.perf_counter() - started)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dataclasses.asdict(result)))
+    return result
+
+
+def _machine_key(devices) -> str:
+    text = f"{platform.node()}|{os.cpu_count()}|{jax.__version__}|{devices[0].platform}|{len(devices)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _best_time(fn: Callable[[], object], repeats: int = 5) -> float:
+    jax.block_until_ready(fn())  # compile and warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _matmul_flops(mesh: Mesh, n: int = 512) -> float:
+    """Per-device FLOP/s of an f32 matmul, every device multiplying its own pair at once."""
+    shards = NamedSharding(mesh, PartitionSpec("d"))
+    d = mesh.size
+    a = jax.device_put(jnp.ones((d, n, n), jnp.float32), shards)
+    step = jax.jit(lambda x: jnp.einsum("bij,bjk->bik", x, x), out_shardings=shards)
+    seconds = _best_time(lambda: step(a))
+    return check_number("measured matmul FLOP/s", 2 * n ** 3 / seconds, positive=True)
+
+
+def _memory_bandwidth(mesh: Mesh, n: int = 1 << 22) -> float:
+    """Per-device bytes/s of a streaming read-and-write, every device streaming at once."""
+    shards = NamedSharding(mesh, PartitionSpec("d"))
+    x = jax.device_put(jnp.ones((mesh.size, n), jnp.float32), shards)
+    step = jax.jit(lambda v: v * 1.0001 + 1.0, out_shardings=shards)
+    seconds = _best_time(lambda: step(x))
+    return check_number("measured memory bandwidth", 2 * 4 * n / seconds, positive=True)
+
+
+def _all_reduce(mesh: Mesh) -> tuple[float, float]:
+    """Alpha (s) and bandwidth (bytes/s) of an all-reduce among all devices, from a small and a large message."""
+    d = mesh.size
+    if d == 1:
+        return 0.0, float("inf")
+    shards = NamedSharding(mesh, PartitionSpec("d"))
+    reduce = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "d"), mesh=mesh, in_specs=PartitionSpec("d"),
+                                   out_specs=PartitionSpec("d")))
+    timed = {}
+    for elements in (256, 1 << 20):
+        x = jax.device_put(jnp.ones((d, elements), jnp.float32), shards)
+        timed[elements] = _best_time(lambda: reduce(x))
+    small, large = timed[256], timed[1 << 20]
+    nbytes = 4 * (1 << 20)
+    traffic = 2 * (d - 1) / d * nbytes  # the all-reduce model's bytes per device
+    beta = traffic / max(large - small, 1e-9)
+    return check_number("measured all-reduce latency", small, minimum=0), check_number(
+        "measured all-reduce bandwidth", beta, positive=True)

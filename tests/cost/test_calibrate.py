@@ -1,0 +1,35 @@
+"""Calibration measures the local devices once per machine and a calibrated cluster carries the figures."""
+
+import json
+import math
+
+import alpaviz as av
+from alpaviz.core.cost import calibrate
+
+
+def test_calibration_measures_plausible_figures_and_caches_them(tmp_path):
+    first = calibrate(cache_dir=tmp_path)
+    assert first.num_devices == 8 and first.device_kind == "cpu"
+    for figure in (first.matmul_flops, first.memory_bandwidth, first.collective_bandwidth):
+        assert math.isfinite(figure) and figure > 1e6
+    assert 0 < first.collective_alpha_s < 1.0
+    cached = calibrate(cache_dir=tmp_path)
+    assert cached == first  # read back, not measured again (the measuring time is the same too)
+    assert calibrate(cache_dir=tmp_path, refresh=True).seconds != first.seconds
+
+
+def test_a_damaged_cache_is_measured_again(tmp_path):
+    calibrate(cache_dir=tmp_path)
+    (cache,) = tmp_path.glob("calibration-*.json")
+    cache.write_text(json.dumps({"matmul_flops": "fast"}))
+    assert calibrate(cache_dir=tmp_path).matmul_flops > 0
+
+
+def test_a_calibrated_local_cluster_carries_the_measurement(tmp_path):
+    measured = calibrate(cache_dir=tmp_path)
+    cluster = av.Cluster.local(calibrate=True, cache_dir=tmp_path)
+    assert cluster.device.peak_flops == measured.matmul_flops
+    assert cluster.device.memory_bandwidth == measured.memory_bandwidth
+    assert cluster.intra_host.bandwidth_bytes_per_s == measured.collective_bandwidth
+    assert cluster.name.endswith("(calibrated)")
+    assert av.Cluster.local().device.peak_flops == 5e10  # nominal figures unless asked
