@@ -88,3 +88,34 @@ def test_a_scan_over_time_stays_one_operator_and_the_plan_says_why():
 
     hovers = " ".join(n.hover for n in vm.layer_graph_view(graph, plan).nodes)
     assert "one block: " in hovers and "not a stack of layers" in hovers
+
+
+def test_flax_nn_scan_is_unrolled_and_its_cuts_match_jit():
+    import flax.linen as nn
+    import optax
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x, _):
+            return x + nn.Dense(16)(jnp.tanh(nn.Dense(32)(x))), None
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            stack = nn.scan(Block, variable_axes={"params": 0}, split_rngs={"params": True}, length=4)
+            return nn.Dense(1)(stack()(x, None)[0])
+
+    model, tx = Model(), optax.sgd(0.1)
+    x, y = jax.random.normal(jax.random.key(0), (8, 16)), jnp.ones((8, 1))
+    params = model.init(jax.random.key(1), x)
+
+    def train_step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(lambda p: jnp.mean((model.apply(p, x) - y) ** 2))(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    case = Case("nn_scan", train_step, (params, tx.init(params), x, y), lambda a, o: (o[0], o[1], a[2], a[3]))
+    graph = av.trace(case.step, *case.args)
+    assert graph.num_layers == 4 and not [n for n in graph.nodes if n.primitive == "scan"]
+    plan = av.manual_plan(graph, av.Cluster.local(), stage_cuts=(1, 2, 3), schedule=Schedule("1f1b", 2))
+    assert relative_error(run_parallel(case, plan), run_jit(case)) <= 1e-5
