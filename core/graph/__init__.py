@@ -22,6 +22,7 @@ from alpaviz.core.graph._flops import REDUCTIONS as REDUCTIONS
 from alpaviz.core.graph._flops import primitive_flops as primitive_flops
 from alpaviz.core.graph._interpret import as_function as as_function
 from alpaviz.core.graph._interpret import evaluate as evaluate
+from alpaviz.core.graph._interpret import step_outputs as step_outputs
 from alpaviz.core.graph._layers import assign_backward_layers as assign_backward_layers
 from alpaviz.core.graph._layers import cut_bytes as cut_bytes
 from alpaviz.core.graph._layers import follow_dataflow as follow_dataflow
@@ -50,6 +51,7 @@ __all__ = [
     "REDUCTIONS",
     "Role",
     "split_microbatch",
+    "step_outputs",
     "StepStructureError",
     "TensorInfo",
     "trace",

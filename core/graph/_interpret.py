@@ -56,14 +56,19 @@ def evaluate(
     return {name: env[name] if name in env else constants[name] for name in wanted}
 
 
+def step_outputs(graph: OpGraph, env: Mapping[str, Any]) -> list[Any]:
+    """The step's flat outputs from computed values; a stacked output is its per-layer parts stacked again."""
+    stacked = dict(graph.output_parts)
+    constants = graph.constants or {}
+    return [jax.numpy.stack([env[p] for p in stacked[name]]) if name in stacked
+            else env[name] if name in env else constants[name] for name in graph.outputs]
+
+
 def as_function(graph: OpGraph, shard: ShardFn | None = None) -> Callable[..., Any]:
     """The traced step as a Python function of the original pytree arguments."""
 
     def run(*args: Any) -> Any:
-        leaves = jax.tree.leaves(args)
-        if len(leaves) != len(graph.inputs):
-            raise ValueError(f"expected {len(graph.inputs)} input leaves, got {len(leaves)}")
-        env = evaluate(graph, dict(zip(graph.inputs, leaves)), wanted=graph.outputs, shard=shard)
-        return jax.tree.unflatten(graph.out_tree, [env[name] for name in graph.outputs])
+        env = evaluate(graph, graph.input_values(jax.tree.leaves(args)), shard=shard)
+        return jax.tree.unflatten(graph.out_tree, step_outputs(graph, env))
 
     return run

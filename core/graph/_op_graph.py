@@ -11,7 +11,7 @@ import dataclasses
 import math
 from collections import Counter
 from functools import cached_property
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -124,6 +124,21 @@ class OpGraph:
     input_parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # A stacked output no operator makes -> the per-layer tensors the runtime stacks into it.
     output_parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @cached_property
+    def leaf_inputs(self) -> tuple[str, ...]:
+        """The inputs that are the step's argument leaves, in pytree order (the per-layer parts excluded)."""
+        parts = sum(len(p) for _, p in self.input_parts)
+        return self.inputs[:len(self.inputs) - parts]
+
+    def input_values(self, leaves: Sequence[Any]) -> dict[str, Any]:
+        """Input name -> value for the step's argument leaves, the per-layer parts cut from their stacks."""
+        if len(leaves) != len(self.leaf_inputs):
+            raise ValueError(f"expected {len(self.leaf_inputs)} input leaves, got {len(leaves)}")
+        values = dict(zip(self.leaf_inputs, leaves))
+        for leaf, parts in self.input_parts:
+            values.update((part, values[leaf][i]) for i, part in enumerate(parts))
+        return values
 
     @cached_property
     def output_tensors(self) -> frozenset[str]:

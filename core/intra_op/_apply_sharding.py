@@ -15,7 +15,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from alpaviz.core.cost import CostModel, Link, LogicalMesh
-from alpaviz.core.graph import OpGraph, evaluate
+from alpaviz.core.graph import OpGraph, evaluate, step_outputs
 from alpaviz.core.intra_op._strategies import NAMING_DEVICE, enumerate_strategies
 from alpaviz.core.plan import ShardingPlan, replicated, to_partition_spec
 
@@ -80,19 +80,16 @@ def shard_step(
         return value
 
     def run(*args: Any) -> Any:
-        leaves = jax.tree.leaves(args)
-        if len(leaves) != len(graph.inputs):
-            raise ValueError(f"expected {len(graph.inputs)} input leaves, got {len(leaves)}")
-        env = dict(zip(graph.inputs, leaves))
+        env = graph.input_values(jax.tree.leaves(args))
         for node in graph.nodes:
             local = {t: env[t] for t in node.inputs if t in env}
             for tensor, spec in needs.get(node.name, ()):
                 # The strategy reads this operand in another layout: reshard explicitly, as the ILP priced it.
                 local[tensor] = jax.lax.with_sharding_constraint(local[tensor], NamedSharding(mesh, to_partition_spec(spec)))
             env.update(evaluate(graph, local, nodes=[node], wanted=node.outputs, shard=constrain))
-        return jax.tree.unflatten(graph.out_tree, [env[n] if n in env else graph.constants[n] for n in graph.outputs])
+        return jax.tree.unflatten(graph.out_tree, step_outputs(graph, env))
 
-    in_shardings = jax.tree.unflatten(graph.in_tree, [sharding(n) for n in graph.inputs])
+    in_shardings = jax.tree.unflatten(graph.in_tree, [sharding(n) for n in graph.leaf_inputs])
     out_shardings = jax.tree.unflatten(graph.out_tree, [sharding(n) for n in graph.outputs])
     return jax.jit(run, in_shardings=tuple(in_shardings), out_shardings=out_shardings)
 

@@ -109,7 +109,7 @@ def compile_step(
         aliases=tuple(sorted(_aliases(mb_graph).items())),
         num_microbatches=m,
         batch_argnums=nums,
-        arg_specs=tuple((t, full.tensor(t).shape, full.tensor(t).dtype) for t in full.inputs),
+        arg_specs=tuple((t, full.tensor(t).shape, full.tensor(t).dtype) for t in full.leaf_inputs),
         accumulate=accumulate,
         generated=generated,
         generator=_generator(full, generated) if generated else None,
@@ -154,10 +154,7 @@ def _signature(graph: OpGraph) -> str:
 
 def named_inputs(compiled: CompiledStep, leaves: Sequence[Any]) -> dict[str, Any]:
     """The step's input leaves by graph input name, the per-layer slices of stacked ones, and this step's draws."""
-    values = dict(zip(compiled.graph.inputs, leaves))
-    for leaf, parts in compiled.graph.input_parts:
-        stacked = values[leaf]
-        values.update((part, stacked[i]) for i, part in enumerate(parts))
+    values = compiled.graph.input_values(leaves)
     if compiled.generator is not None:
         values.update(compiled.generator(values))
     return values
