@@ -14,6 +14,7 @@ from alpaviz.core.graph._op_graph import dtype_name as dtype_name
 from alpaviz.core.graph._op_graph import is_float_dtype as is_float_dtype
 from alpaviz.core.graph._step_structure import StepStructureError as StepStructureError
 from alpaviz.core.graph._step_structure import next_step_args as next_step_args
+from alpaviz.core.graph._step_structure import tensors_depending_on as tensors_depending_on
 from alpaviz.core.graph._trace import trace as trace
 from alpaviz.core.graph._markers import mark_layer as mark_layer
 from alpaviz.core.graph._flops import DATA_MOVEMENT as DATA_MOVEMENT
@@ -54,5 +55,6 @@ __all__ = [
     "step_outputs",
     "StepStructureError",
     "TensorInfo",
+    "tensors_depending_on",
     "trace",
 ]

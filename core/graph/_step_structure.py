@@ -21,7 +21,7 @@ gradients; the update may read nothing else that depends on the batch.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import jax
 import numpy as np
@@ -69,7 +69,8 @@ def infer_roles(ops: Sequence[RawOp], batch_inputs: Sequence[str]) -> list[Role]
         feeds_backward[i] = any(
             transposed[c] or feeds_backward[c] for t in ops[i].outputs for c in consumers.get(t, ())
         )
-    batch_dep = _batch_dependent(ops, producer, set(batch_inputs))
+    dependent = tensors_depending_on(ops, batch_inputs)
+    batch_dep = [any(t in dependent for t in op.outputs) for op in ops]
 
     roles: list[Role] = []
     for i in range(len(ops)):
@@ -94,11 +95,13 @@ def _in_transpose(scope: str) -> bool:
     return "transpose(" in scope
 
 
-def _batch_dependent(ops: Sequence[RawOp], producer: dict[str, int], batch: set[str]) -> list[bool]:
-    dep = [False] * len(ops)
-    for i, op in enumerate(ops):
-        dep[i] = any(t in batch or (t in producer and dep[producer[t]]) for t in op.inputs)
-    return dep
+def tensors_depending_on(ops: Iterable[Any], seeds: Iterable[str]) -> set[str]:
+    """`seeds` and every tensor computed from them, over ops in topological order (OpNodes or RawOps)."""
+    dependent = set(seeds)
+    for op in ops:
+        if any(t in dependent for t in op.inputs):
+            dependent.update(op.outputs)
+    return dependent
 
 
 def _check_update_reads(ops, roles, producer, batch_dep, batch) -> None:

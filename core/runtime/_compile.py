@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from alpaviz.core.graph import OpGraph, dtype_name, evaluate, microbatch_args, trace
+from alpaviz.core.graph import OpGraph, dtype_name, evaluate, microbatch_args, tensors_depending_on, trace
 from alpaviz.core.intra_op import check_plan_strategies
 from alpaviz.core.plan import Plan, check_spec, graph_fingerprint
 from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge, analyze
@@ -164,7 +164,8 @@ def check_args(compiled: CompiledStep, leaves: Sequence[Any]) -> None:
     """Every call must bring the shapes and dtypes the step was compiled for (checked on each call)."""
     for leaf, (name, shape, dtype) in zip(leaves, compiled.arg_specs):
         got_shape = tuple(np.shape(leaf)) if not hasattr(leaf, "shape") else tuple(leaf.shape)
-        got_dtype = dtype_name(getattr(leaf, "dtype", None) or jax.numpy.result_type(leaf))
+        dtype_seen = getattr(leaf, "dtype", None)
+        got_dtype = dtype_name(dtype_seen if dtype_seen is not None else jax.numpy.result_type(leaf))
         if got_shape != shape or got_dtype != dtype:
             m = compiled.num_microbatches
             hint = (f" (the batch: {shape[0]} rows, {m} microbatches of {shape[0] // m})"
@@ -191,13 +192,12 @@ def _batch_shaped_draws(full: OpGraph, mb_graph: OpGraph, batch_inputs: Sequence
     """
     if full is mb_graph:
         return ()
-    depends = set(batch_inputs)
+    depends = tensors_depending_on(mb_graph.nodes, batch_inputs)
     constant = set(mb_graph.constants or {})
     scaled: set[str] = set()
     out = []
     for node in mb_graph.nodes:
         if any(t in depends for t in node.inputs):
-            depends.update(node.outputs)
             continue
         # Values made from literals alone are the same in every microbatch (zeros, a broadcast 1/N),
         # except positions counted along the batch (iota), which legacy uint32 keys draw from.
@@ -252,12 +252,16 @@ def _per_example_outputs(full: OpGraph, mb_graph: OpGraph, m: int) -> frozenset[
     return frozenset(out)
 
 
+def check_loss_reduction(loss_reduction: str) -> str:
+    if loss_reduction not in ("auto", "mean", "sum"):
+        raise ValueError(f"loss_reduction must be 'auto', 'mean' or 'sum', got {loss_reduction!r}")
+    return loss_reduction
+
+
 def _accumulation(full: OpGraph, mb_graph: OpGraph, m: int, loss_reduction: str, name: str) -> str:
     """How microbatch gradients and scalar outputs combine: "mean" or "sum" (see `compile_step`)."""
-    if loss_reduction in ("mean", "sum"):
+    if check_loss_reduction(loss_reduction) != "auto":
         return loss_reduction
-    if loss_reduction != "auto":
-        raise ValueError(f"loss_reduction must be 'auto', 'mean' or 'sum', got {loss_reduction!r}")
     if m == 1:
         return "mean"
     ratios = set()

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Collection, Literal, Mapping
 
-from alpaviz.core.graph import OpGraph, Role, is_float_dtype
-from alpaviz.core.runtime._schedule import Edge, is_update, update_role
+from alpaviz.core.graph import OpGraph, Role, tensors_depending_on
+from alpaviz.core.runtime._schedule import Edge, is_update, update_level, update_role
 
 PER_MICROBATCH: tuple[Role, ...] = ("forward", "backward")
 # How values made once per microbatch become one value for the step: averaged or summed (gradients,
@@ -132,13 +132,10 @@ def analyze(
         ) and not (set(node.outputs) & outputs):
             const_nodes.add(node.name)
 
-    batch_dep: set[str] = set(batch_inputs) | set(generated)
-    for node in graph.nodes:
-        if any(t in batch_dep for t in node.inputs):
-            batch_dep.update(node.outputs)
+    batch_dep = tensors_depending_on(graph.nodes, (*batch_inputs, *generated))
 
     exec_role = _task_roles(graph, stage_of, const_nodes, producer)
-    levels = 1 + max((int(r[len("update"):] or 0) for r in exec_role.values() if is_update(r)), default=0)
+    levels = 1 + max((update_level(r) for r in exec_role.values() if is_update(r)), default=0)
     roles = ("forward", "backward", *(update_role(level) for level in range(levels)))
     task_of_tensor: dict[str, tuple[int, str]] = {}
     members: dict[tuple[int, str], list[str]] = {(s, r): [] for s in range(plan.num_stages) for r in roles}
@@ -268,6 +265,3 @@ def _check_direction(graph: OpGraph, tensor: str, node: str, src: tuple[int, str
             f"for another graph: re-solve it for this step"
         )
 
-
-def is_float(dtype: str) -> bool:
-    return is_float_dtype(dtype)

@@ -11,7 +11,7 @@ from alpaviz.core.graph import split_microbatch
 from alpaviz.core.plan import Plan
 from alpaviz.core.runtime._compile import CompiledStep, named_inputs
 from alpaviz.core.runtime._cross_mesh import move_local
-from alpaviz.core.runtime._schedule import ONCE, fusable_runs, is_update
+from alpaviz.core.runtime._schedule import ONCE, fusable_runs, is_update, timeline_kind
 from alpaviz.core.runtime._stage_runner import StageError, StageRunner
 from alpaviz.core.runtime._timeline import TimelineEvent
 
@@ -85,7 +85,7 @@ class LocalEngine:
                     jax.block_until_ready(produced)
                 except Exception as err:
                     raise StageError(f"{runner.describe()}, {ins}: {err}") from err
-                kind = ("update" if is_update(ins.role) else ins.role) if ins.op == "run" else ins.op
+                kind = timeline_kind(ins.role) if ins.op == "run" else ins.op
                 events.append(TimelineEvent(ins.stage, ins.microbatch, kind, start - t0, time.perf_counter() - t0))
         outs = collect_outputs(c, leaves, lambda stage, name: self.runners[stage].result(name))
         for r in self.runners:

@@ -5,12 +5,10 @@ forward/backward/update tasks (`_dataflow`), each compiled with `jax.jit` on
 its stage's `Mesh` with the plan's shardings as constraints
 (`_stage_runner`); a per-mesh instruction list (`_schedule`) orders them.
 
-Microbatching assumption: the batch arguments are split along dim 0 into
-`plan.schedule.num_microbatches` equal parts; every batch-dependent float
-result that leaves the per-microbatch passes (gradients into the update,
-the loss) is *averaged* over microbatches.  That is exact for losses that
-are means over the batch (the zoo's are); a sum-reduced loss would come out
-divided by the microbatch count.
+Microbatching: the batch arguments are split along dim 0 into
+`plan.schedule.num_microbatches` equal parts; gradients and scalar results
+are averaged or summed over microbatches as the loss is a mean or a sum
+(`loss_reduction`), and per-example results are concatenated (`_compile`).
 """
 
 
@@ -24,7 +22,7 @@ import numpy as np
 
 from alpaviz.core.graph import OpGraph, check_int
 from alpaviz.core.plan import Plan
-from alpaviz.core.runtime._compile import CompiledStep, check_args, compile_step
+from alpaviz.core.runtime._compile import CompiledStep, check_args, check_loss_reduction, compile_step
 from alpaviz.core.runtime._local_engine import LocalEngine
 from alpaviz.core.runtime._ray_engine import RayEngine
 from alpaviz.core.runtime._schedule import Program, build_instructions, interleave
@@ -73,10 +71,8 @@ class ParallelStep:
             batch_argnums = tuple(check_int("batch_argnums entry", i, minimum=0) for i in batch_argnums)
         self.train_step = train_step
         self.plan = plan
-        if loss_reduction not in ("auto", "mean", "sum"):
-            raise ValueError(f"loss_reduction must be 'auto', 'mean' or 'sum', got {loss_reduction!r}")
-        self.batch_argnums = None if batch_argnums is None else tuple(batch_argnums)
-        self.loss_reduction = loss_reduction
+        self.batch_argnums = batch_argnums
+        self.loss_reduction = check_loss_reduction(loss_reduction)
         self.donate = donate
         self.engine_kind = engine
         self.record_trace = record_trace

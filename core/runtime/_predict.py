@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal, Mapping
 
 from alpaviz.core.runtime._dataflow import analyze
-from alpaviz.core.runtime._schedule import Edge, Program, build_instructions, chain_edges, interleave, is_update
+from alpaviz.core.runtime._schedule import Edge, Program, build_instructions, chain_edges, interleave, is_update, timeline_kind
 from alpaviz.core.runtime._timeline import Timeline, TimelineEvent
 
 
@@ -29,7 +29,7 @@ def simulate(
             start = clock[s]
             clock[s] = start + run_s.get((s, ins.role), 0.0)
             if clock[s] > start or not is_update(ins.role):
-                events.append(TimelineEvent(s, mb, "update" if is_update(ins.role) else ins.role, start, clock[s]))
+                events.append(TimelineEvent(s, mb, timeline_kind(ins.role), start, clock[s]))
         elif ins.op == "send":
             start = clock[s]
             duration = transfer_s.get(ins.transfer_key[:4], 0.0)

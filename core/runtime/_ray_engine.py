@@ -26,7 +26,7 @@ from alpaviz.core.graph import split_microbatch
 from alpaviz.core.plan import Plan, graph_fingerprint
 from alpaviz.core.runtime._compile import compile_step
 from alpaviz.core.runtime._cross_mesh import check_transport, move_local, to_host
-from alpaviz.core.runtime._schedule import ONCE, is_update
+from alpaviz.core.runtime._schedule import ONCE, timeline_kind
 from alpaviz.core.runtime._stage_runner import StageError, StageRunner
 from alpaviz.core.runtime._timeline import TimelineEvent
 
@@ -288,7 +288,7 @@ class RayEngine:
         if record:
             for (ins, _), result in zip(timings, results):
                 start, end = result
-                kind = ("update" if is_update(ins.role) else ins.role) if ins.op == "run" else ins.op
+                kind = timeline_kind(ins.role) if ins.op == "run" else ins.op
                 events.append(TimelineEvent(ins.stage, ins.microbatch, kind, start - t0, end - t0))
         outs = []
         index = {name: i for i, name in enumerate(c.graph.inputs)}

@@ -32,6 +32,11 @@ def is_update(role: str) -> bool:
     return role.startswith("update")
 
 
+def timeline_kind(role: str) -> str:
+    """The role a timeline shows for a task: every update level is drawn as the update."""
+    return "update" if is_update(role) else role
+
+
 def update_level(role: str) -> int:
     return int(role[len("update"):] or 0)
 

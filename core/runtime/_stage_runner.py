@@ -17,9 +17,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from alpaviz.core.cost import AXIS_NAMES
-from alpaviz.core.graph import OpGraph, evaluate
+from alpaviz.core.graph import OpGraph, evaluate, is_float_dtype
 from alpaviz.core.plan import Stage, check_spec, to_partition_spec
-from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge, is_float
+from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge
 from alpaviz.core.runtime._schedule import ONCE, is_update
 
 
@@ -170,7 +170,7 @@ class StageRunner:
         for t in self.tasks[role].outputs:
             how = self.reduction.get(t)
             if how in ("mean", "sum"):
-                if not is_float(self.graph.tensor(t).dtype):
+                if not is_float_dtype(self.graph.tensor(t).dtype):
                     raise ValueError(
                         f"{self.describe()}: output {t!r} ({self.graph.tensor(t).dtype}) depends on the batch "
                         f"but is not floating point, so its microbatch values cannot be combined by {how}; return "
