@@ -52,6 +52,7 @@ from alpaviz.core.plan import (
 # the intra-operator pass
 from alpaviz.core.intra_op import (
     check_plan_strategies as check_plan_strategies,
+    validate_plan as validate_plan,
     collective_counts as collective_counts,
     shard_step as shard_step,
     ShardingInfeasibleError as ShardingInfeasibleError,
@@ -142,4 +143,5 @@ __all__ = [
     "TimelineEvent",
     "to_partition_spec",
     "trace",
+    "validate_plan",
 ]

@@ -14,8 +14,8 @@ import time
 from typing import Any, Callable, Literal
 
 from alpaviz.core import (
-    MAX_DOCUMENT_BYTES, Cluster, Link, OpGraph, Pins, Plan, StageProfileCache, Timeline, check_plan_strategies,
-    next_step_args, parallelize, predicted_timeline, solve, strategy_names as core_strategy_names,
+    MAX_DOCUMENT_BYTES, Cluster, Link, OpGraph, Pins, Plan, StageProfileCache, Timeline, next_step_args,
+    parallelize, predicted_timeline, solve, strategy_names as core_strategy_names, validate_plan,
 )
 from alpaviz.widgets import _edits
 
@@ -277,8 +277,7 @@ class EditorSession:
         """
         try:
             plan = Plan.from_json(document)
-            plan.check_graph(self.graph)
-            check_plan_strategies(plan, self.graph)
+            validate_plan(plan, self.graph)
         except ValueError as err:
             return self._changed(Outcome(False, f"could not load the plan: {err}"))
         self.previous, self.plan, self.pins, self.measured = self.plan, plan, plan.pins, None

@@ -5,6 +5,7 @@ This module only re-exports: the names other passes and users may rely on.
 
 from alpaviz.core.intra_op._strategies import check_plan_strategies as check_plan_strategies
 from alpaviz.core.intra_op._strategies import strategy_names as strategy_names
+from alpaviz.core.intra_op._strategies import validate_plan as validate_plan
 from alpaviz.core.intra_op._solve_sharding import ShardingInfeasibleError as ShardingInfeasibleError
 from alpaviz.core.intra_op._solve_sharding import collective_counts as collective_counts
 from alpaviz.core.intra_op._solve_sharding import solve_sharding as solve_sharding
@@ -19,4 +20,5 @@ __all__ = [
     "solve_sharding",
     "solve_sharding_auto",
     "strategy_names",
+    "validate_plan",
 ]

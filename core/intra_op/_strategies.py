@@ -122,6 +122,12 @@ def strategy_names(graph: OpGraph, node_name: str, mesh: LogicalMesh) -> tuple[s
     return tuple(s.name for s in enumerate_strategies(graph, node, mesh, CostModel(), NAMING_DEVICE))
 
 
+def validate_plan(plan: Plan, graph: OpGraph) -> None:
+    """Everything a plan must satisfy to run `graph`: its names (`Plan.check_graph`) and its strategies."""
+    plan.check_graph(graph)
+    check_plan_strategies(plan, graph)
+
+
 def check_plan_strategies(plan: Plan, graph: OpGraph) -> None:
     """Raise PlanFormatError unless every strategy in the plan is one its operator has on its stage's mesh."""
     for stage in plan.stages:

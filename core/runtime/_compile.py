@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from alpaviz.core.graph import OpGraph, dtype_name, evaluate, microbatch_args, tensors_depending_on, trace
-from alpaviz.core.intra_op import check_plan_strategies
+from alpaviz.core.intra_op import validate_plan
 from alpaviz.core.plan import Plan, check_spec, graph_fingerprint
 from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge, analyze
 from alpaviz.core.runtime._schedule import Instruction, Program, build_instructions, interleave
@@ -86,8 +86,7 @@ def compile_step(
             f"and these shapes and dtypes"
         )
     planned = full if plan.graph_fingerprint == graph_fingerprint(full) else mb_graph
-    plan.check_graph(planned)
-    check_plan_strategies(plan, planned)
+    validate_plan(plan, planned)
     _warn_host_callbacks(planned, plan)
     plan = _rebase_to_microbatch_graph(plan, full, mb_graph)
     plan = _fit_specs_to_microbatch(plan, full, mb_graph)
