@@ -7,46 +7,15 @@ global batch.
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
 
 import alpaviz as av
 from alpaviz.core import Schedule
 from alpaviz.core.graph import StepStructureError
-from user_models import CASES, Case, remat_mlp
+from user_models import CASES, Case, relative_error, remat_mlp, run_jit, run_parallel
 
-STEPS, MICROBATCHES, LAYERS = 3, 2, 4
-
-
-def run_jit(case: Case) -> list:
-    fn, args, outs_all = jax.jit(case.step), case.args, []
-    for _ in range(STEPS):
-        outs = fn(*args)
-        outs_all.append(outs)
-        args = case.next_args(args, outs)
-    return outs_all
-
-
-def run_parallel(case: Case, plan: av.Plan, **options) -> list:
-    step, args, outs_all = av.parallelize(case.step, plan, record_trace=False, **options), case.args, []
-    for _ in range(STEPS):
-        outs = step.fetch(step(*args))
-        outs_all.append(outs)
-        args = case.next_args(args, outs)
-    return outs_all
-
-
-def relative_error(ours, theirs) -> float:
-    worst = 0.0
-    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
-        if jax.dtypes.issubdtype(b.dtype, jax.dtypes.prng_key):
-            a, b = jax.random.key_data(a), jax.random.key_data(b)
-        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        assert a.shape == b.shape
-        if a.size:
-            worst = max(worst, float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12)))
-    return worst
+MICROBATCHES, LAYERS = 2, 4
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

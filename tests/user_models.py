@@ -13,10 +13,14 @@ import equinox as eqx
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
+import alpaviz as av
+
 VOCAB, WIDTH, SEQ, BATCH = 64, 32, 8, 8
+STEPS = 3  # steps each comparison with jax.jit runs
 
 
 @dataclasses.dataclass
@@ -213,6 +217,39 @@ def dropout_mlp() -> Case:
         return (outs[0], outs[1], args[2], outs[3])
 
     return Case("dropout_mlp", train_step, (params, opt_state, x, jax.random.key(8)), next_args)
+
+
+# ---- running a case: jax.jit on the global batch against a plan --------------------------------
+
+
+def run_jit(case: Case) -> list:
+    fn, args, outs_all = jax.jit(case.step), case.args, []
+    for _ in range(STEPS):
+        outs = fn(*args)
+        outs_all.append(outs)
+        args = case.next_args(args, outs)
+    return outs_all
+
+
+def run_parallel(case: Case, plan: Any, **options) -> list:
+    step, args, outs_all = av.parallelize(case.step, plan, record_trace=False, **options), case.args, []
+    for _ in range(STEPS):
+        outs = step.fetch(step(*args))
+        outs_all.append(outs)
+        args = case.next_args(args, outs)
+    return outs_all
+
+
+def relative_error(ours, theirs) -> float:
+    worst = 0.0
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
+        if jax.dtypes.issubdtype(b.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert a.shape == b.shape
+        if a.size:
+            worst = max(worst, float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12)))
+    return worst
 
 
 CASES = {f.__name__: f for f in (linen_lm, nnx_lm, equinox_cnn, remat_mlp, dropout_mlp)}

@@ -6,8 +6,7 @@ import pytest
 
 import alpaviz as av
 from alpaviz.core import Schedule
-from test_user_code import relative_error, run_jit, run_parallel
-from user_models import Case
+from user_models import Case, relative_error, run_jit, run_parallel
 
 # SGD: Adam turns float noise in a gradient that is zero in exact arithmetic (a key bias) into a full step.
 GPT = dict(num_layers=4, hidden=32, heads=2, seq_len=16, vocab=64, batch_size=8, optimizer="sgd")
