@@ -42,6 +42,15 @@ class RawOp:
     outputs: tuple[str, ...]
     scope: str
     source: str = ""
+    primitive: str = ""
+
+
+# Operators that commute with summing over microbatches: applied to the accumulated
+# gradients once per step they give the same result as applied to each microbatch's.
+SUM_LINEAR = frozenset({
+    "add_any", "add", "transpose", "reshape", "convert_element_type", "copy", "squeeze",
+    "expand_dims", "neg",
+})
 
 
 def infer_roles(ops: Sequence[RawOp], batch_inputs: Sequence[str]) -> list[Role]:
@@ -87,8 +96,35 @@ def infer_roles(ops: Sequence[RawOp], batch_inputs: Sequence[str]) -> list[Role]
             continue
         if all(roles[c] == "update" for t in ops[i].outputs for c in consumers.get(t, ())):
             roles[i] = "update"
+    _defer_linear_gradient_sums(ops, roles, producer, consumers, batch_dep, set(batch_inputs))
     _check_update_reads(ops, roles, producer, batch_dep, set(batch_inputs))
     return roles
+
+
+def _defer_linear_gradient_sums(ops, roles, producer, consumers, batch_dep, batch) -> None:
+    """Move linear backward work that only the update reads (a tied weight's two cotangents summed,
+    a gradient cast or reshaped) into the update.
+
+    It then runs once per step on the accumulated gradients instead of on every
+    microbatch, so a tied embedding's cotangent crosses the pipeline once per step.
+    """
+    for i in reversed(range(len(ops))):
+        op = ops[i]
+        if roles[i] != "backward" or op.primitive not in SUM_LINEAR:
+            continue
+        readers = [c for t in op.outputs for c in consumers.get(t, ())]
+        if not readers or any(roles[c] != "update" for c in readers):
+            continue
+        if all(_gradient_or_step_constant(t, producer, roles, batch_dep, batch) for t in op.inputs):
+            roles[i] = "update"
+
+
+def _gradient_or_step_constant(tensor, producer, roles, batch_dep, batch) -> bool:
+    """A backward value, or one that is the same for every microbatch."""
+    p = producer.get(tensor)
+    if p is None:
+        return tensor not in batch
+    return roles[p] == "backward" or not batch_dep[p]
 
 
 def _in_transpose(scope: str) -> bool:

@@ -317,7 +317,8 @@ def _assign_roles_and_layers(
     builder: _GraphBuilder, outputs: Sequence[str], batch_inputs: Sequence[str],
 ) -> tuple[tuple[OpNode, ...], dict[str, int]]:
     """Roles from the dataflow; forward and backward layers from the layer-boundary markers."""
-    ops = [RawOp(r["name"], r["inputs"], r["outputs"], r["scope"], r["source"]) for r in builder.raw_nodes]
+    ops = [RawOp(r["name"], r["inputs"], r["outputs"], r["scope"], r["source"], r["primitive"])
+           for r in builder.raw_nodes]
     roles = infer_roles(ops, batch_inputs)
 
     def is_marker(raw: dict[str, Any], phase: str) -> bool:
