@@ -13,6 +13,7 @@ from alpaviz.core.graph._op_graph import dtype_itemsize as dtype_itemsize
 from alpaviz.core.graph._op_graph import dtype_name as dtype_name
 from alpaviz.core.graph._op_graph import is_float_dtype as is_float_dtype
 from alpaviz.core.graph._step_structure import StepStructureError as StepStructureError
+from alpaviz.core.graph._step_structure import gradient_producers as gradient_producers
 from alpaviz.core.graph._step_structure import next_step_args as next_step_args
 from alpaviz.core.graph._step_structure import tensors_depending_on as tensors_depending_on
 from alpaviz.core.graph._trace import trace as trace
@@ -26,6 +27,7 @@ from alpaviz.core.graph._interpret import evaluate as evaluate
 from alpaviz.core.graph._interpret import step_outputs as step_outputs
 from alpaviz.core.graph._layers import assign_backward_layers as assign_backward_layers
 from alpaviz.core.graph._layers import cut_bytes as cut_bytes
+from alpaviz.core.graph._layers import step_transfer_bytes as step_transfer_bytes
 from alpaviz.core.graph._layers import follow_dataflow as follow_dataflow
 from alpaviz.core.graph._microbatch import microbatch_args as microbatch_args
 from alpaviz.core.graph._microbatch import split_microbatch as split_microbatch
@@ -36,6 +38,8 @@ __all__ = [
     "as_function",
     "assign_backward_layers",
     "cut_bytes",
+    "gradient_producers",
+    "step_transfer_bytes",
     "DATA_MOVEMENT",
     "dtype_itemsize",
     "dtype_name",

@@ -104,3 +104,24 @@ def cut_bytes(graph: OpGraph) -> tuple[tuple[float, ...], tuple[float, ...]]:
     backward_cut = np.cumsum(backward)[: num_layers + 1]
     forward_cut[0] = backward_cut[0] = 0.0
     return tuple(float(x) for x in forward_cut), tuple(float(x) for x in backward_cut)
+
+
+def step_transfer_bytes(graph: OpGraph) -> np.ndarray:
+    """[reader layer, producer layer] bytes the update of one layer reads from another, once per step.
+
+    A tied weight's gradient summed on the embedding's layer, or a global
+    norm every layer's update reads: when the two layers sit on different
+    stages the tensor is sent once per step, after the last microbatch.
+    """
+    matrix = np.zeros((graph.num_layers, graph.num_layers))
+    for tensor in graph.tensors:
+        if tensor.producer is None:
+            continue
+        producer = graph.node(tensor.producer)
+        if producer.role == "forward":
+            continue
+        readers = {graph.node(c).layer for c in graph.consumers.get(tensor.name, ())
+                   if graph.node(c).role == "update"}
+        for layer in readers - {producer.layer}:
+            matrix[layer, producer.layer] += tensor.nbytes
+    return matrix

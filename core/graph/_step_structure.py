@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 import jax
 import numpy as np
 
-from alpaviz.core.graph._op_graph import Role
+from alpaviz.core.graph._op_graph import OpGraph, Role
 
 
 class StepStructureError(ValueError):
@@ -125,6 +125,24 @@ def _gradient_or_step_constant(tensor, producer, roles, batch_dep, batch) -> boo
     if p is None:
         return tensor not in batch
     return roles[p] == "backward" or not batch_dep[p]
+
+
+def gradient_producers(graph: OpGraph) -> frozenset[str]:
+    """Backward operators whose results only the update reads (or the step returns): the gradients.
+
+    Their results are summed over the step's microbatches before anything
+    reads them, so a reduction across devices they need (a data-parallel
+    gradient's all-reduce) can wait and run once per step on the sum.
+    """
+    outputs = set(graph.outputs)
+    found = []
+    for node in graph.nodes:
+        if node.role != "backward":
+            continue
+        readers = [graph.node(c) for t in node.outputs for c in graph.consumers.get(t, ())]
+        if all(r.role == "update" for r in readers) and (readers or any(t in outputs for t in node.outputs)):
+            found.append(node.name)
+    return frozenset(found)
 
 
 def _in_transpose(scope: str) -> bool:

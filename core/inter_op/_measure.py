@@ -26,9 +26,9 @@ def measured_stage_cost(base: StageCostFn, repeats: int = 3) -> StageCostFn:
 
     def measure(
         graph: OpGraph, mesh: LogicalMesh, cluster: Cluster, cost_model: CostModel, pins: Pins = Pins(), *,
-        nodes: Sequence[str],
+        nodes: Sequence[str], num_microbatches: int = 1,
     ) -> ShardingPlan:
-        plan = base(graph, mesh, cluster, cost_model, pins, nodes=nodes)
+        plan = base(graph, mesh, cluster, cost_model, pins, nodes=nodes, num_microbatches=num_microbatches)
         seconds = time_layer(graph, nodes, mesh.shape, dict(plan.partition_specs), repeats)
         c = plan.cost
         predicted = c.forward_s + c.backward_s + c.update_s
@@ -37,7 +37,8 @@ def measured_stage_cost(base: StageCostFn, repeats: int = 3) -> StageCostFn:
             c, forward_s=seconds * share(c.forward_s), backward_s=seconds * share(c.backward_s),
             update_s=seconds * share(c.update_s), compute_s=seconds, communication_s=0.0, resharding_s=0.0,
         )
-        return dataclasses.replace(plan, cost=cost, objective=seconds,
+        objective = num_microbatches * (cost.forward_s + cost.backward_s) + cost.update_s
+        return dataclasses.replace(plan, cost=cost, objective=objective,
                                    notes=plan.notes + (f"measured {seconds * 1e3:.3f} ms on local devices",))
 
     measure.cache_key = ("measured", base, repeats)  # type: ignore[attr-defined]

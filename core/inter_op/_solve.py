@@ -13,14 +13,13 @@ from typing import Any, Callable, Sequence
 
 from alpaviz.core.cost import Cluster, CostModel
 from alpaviz.core.graph import OpGraph, check_int, check_number, microbatch_args, trace
-from alpaviz.core.inter_op._data_parallel import data_parallel_pins
 from alpaviz.core.inter_op._layer_clustering import cluster_layers
 from alpaviz.core.inter_op._measure import measured_stage_cost
 from alpaviz.core.inter_op._pin_check import (
     InfeasiblePinsError, ModelTooLargeError, check_intra_op_pins, check_pins, constraints_from_pins, diagnose,
 )
 from alpaviz.core.inter_op._setup import SolveSetup
-from alpaviz.core.inter_op._stage_cost import StageCostFn, analytic_stage_cost, default_stage_cost, ilp_available
+from alpaviz.core.inter_op._stage_cost import StageCostFn, default_stage_cost, ilp_available
 from alpaviz.core.inter_op._stage_dp import (
     MeshChoice, NoStagePlanError, ScheduleKind, StageChoice, StageSolution, in_flight,
     pipeline_latency, solve_stages,
@@ -235,7 +234,7 @@ def prepare(
         profiles = profile_layers(
             graph, cluster, cost_model, pins, meshes, fn, cache,
             on_profile=(lambda done, total: _tick(bar, done, total)) if bar is not None else None,
-            workers=workers, variants=_data_parallel_variant(graph, cluster, meshes, fn),
+            workers=workers,
             num_microbatches=num_microbatches,
         )
     finally:
@@ -272,18 +271,6 @@ def _check_options(cluster: Cluster, memory_limit, num_layers, workers, submeshe
                 f"submeshes {shapes} cannot tile the cluster's {cluster.num_devices} devices (a plan uses every "
                 f"device); add a shape, e.g. one of {cluster.submesh_shapes()}"
             )
-
-
-def _data_parallel_variant(graph: OpGraph, cluster: Cluster, meshes: Sequence[MeshChoice], fn: StageCostFn):
-    """Pure data parallelism as an extra candidate on the whole-cluster (N, 1) mesh, for the ILP.
-
-    So the planner can never lose to the data-parallel baseline, whose
-    sharding is pinned (the analytic cost is that sharding already).
-    """
-    whole = MeshChoice(cluster.whole_submesh, (cluster.num_devices, 1))
-    if fn is analytic_stage_cost or whole not in meshes or cluster.num_devices == 1:
-        return ()
-    return ((whole, data_parallel_pins(graph, cluster).only_intra_op()),)
 
 
 def _stages_of(plan: Plan | None, setup: SolveSetup) -> tuple[StageChoice, ...]:
@@ -357,6 +344,8 @@ def assemble_plan(
         recv_back = (setup.cost_model.send_recv(profiles.backward_cut_bytes[choice.stop], link)
                      if choice.stop < len(profiles.layers) else 0.0)
         recvs.append(recv_in + recv_back)
+        step_bytes = profiles.step_recv_bytes(choice.start, choice.stop)
+        step_recv = setup.cost_model.send_recv(step_bytes, link) if step_bytes else 0.0
         state = sum(p.state_bytes for _, p in rows)
         act = sum(p.activation_bytes for _, p in rows)
         keep = in_flight(i, n, num_microbatches, schedule)
@@ -374,9 +363,9 @@ def assemble_plan(
             strategies=tuple(sorted(strategies.items())), partition_specs=tuple(sorted(specs.items())),
             cost=StageCost(
                 forward_s=fwd + recv_in, backward_s=bwd + recv_back,
-                update_s=sum(p.update_s for _, p in rows),
+                update_s=sum(p.update_s for _, p in rows) + step_recv,
                 compute_s=sum(p.compute_s for _, p in rows),
-                communication_s=sum(p.communication_s for _, p in rows) + recv_in + recv_back,
+                communication_s=sum(p.communication_s for _, p in rows) + recv_in + recv_back + step_recv,
                 resharding_s=sum(p.resharding_s for _, p in rows),
                 memory_bytes=state + keep * act, activation_bytes=act,
             ),

@@ -28,7 +28,8 @@ _VIEWS = frozenset({"transpose", "convert_element_type", "reshape", "broadcast_i
 
 
 class StageCostFn(Protocol):
-    """Prices `nodes` of `graph` on `mesh`; raises ValueError when they cannot run there."""
+    """Prices `nodes` of `graph` on `mesh` for a step of `num_microbatches`; raises ValueError when they cannot
+    run there.  Forward and backward times are per microbatch, the update (gradient sync included) per step."""
 
     def __call__(
         self,
@@ -39,6 +40,7 @@ class StageCostFn(Protocol):
         pins: Pins,
         *,
         nodes: Sequence[str],
+        num_microbatches: int = 1,
     ) -> ShardingPlan: ...
 
 
@@ -141,6 +143,7 @@ def analytic_stage_cost(
     pins: Pins = Pins(),
     *,
     nodes: Sequence[str],
+    num_microbatches: int = 1,
 ) -> ShardingPlan:
     """Closed-form cost of `nodes` under data parallel (axis 0) x Megatron tensor parallel (axis 1).
 
@@ -191,7 +194,7 @@ def analytic_stage_cost(
         mesh_shape=mesh.shape,
         strategies=(),
         partition_specs=tuple(sorted(specs)),
-        objective=cost.forward_s + cost.backward_s + cost.update_s,
+        objective=num_microbatches * (cost.forward_s + cost.backward_s) + cost.update_s,
         cost=cost,
         status="heuristic",
         seconds=0.0,
@@ -212,10 +215,12 @@ def ilp_stage_cost(
     pins: Pins = Pins(),
     *,
     nodes: Sequence[str],
+    num_microbatches: int = 1,
     time_limit_s: float = 30.0,
 ) -> ShardingPlan:
-    """The intra-op ILP's sharding and cost for `nodes` on `mesh`."""
-    return solve_sharding(graph, mesh, cluster, cost_model, pins, nodes=nodes, time_limit_s=time_limit_s)
+    """The intra-op ILP's sharding and cost for `nodes` on `mesh`, for a step of `num_microbatches`."""
+    return solve_sharding(graph, mesh, cluster, cost_model, pins, nodes=nodes, time_limit_s=time_limit_s,
+                          num_microbatches=num_microbatches)
 
 
 def default_stage_cost() -> StageCostFn:

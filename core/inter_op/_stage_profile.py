@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from alpaviz.core.cost import Cluster, CostModel, Link
-from alpaviz.core.graph import OpGraph, cut_bytes
+from alpaviz.core.graph import OpGraph, cut_bytes, step_transfer_bytes
 from alpaviz.core.inter_op._stage_cost import StageCostFn
 from alpaviz.core.inter_op._stage_dp import MeshChoice, StageCostTable
 from alpaviz.core.plan import Pins, ShardingPlan, Spec
@@ -193,6 +193,14 @@ class ProfileTable:
     forward_cut_bytes: tuple[float, ...]  # [cut] activations sent forward across cut
     backward_cut_bytes: tuple[float, ...]  # [cut] gradients sent back across cut
     profiled: int = 0  # cost-function calls made (cache misses)
+    step_bytes: np.ndarray | None = None  # [reader layer, producer layer] update reads, once per step
+
+    def step_recv_bytes(self, start: int, stop: int) -> float:
+        """Bytes the update of layers [start, stop) receives once per step from other stages."""
+        if self.step_bytes is None:
+            return 0.0
+        inside = self.step_bytes[start:stop]
+        return float(inside.sum() - inside[:, start:stop].sum())
 
 
 def profile_layers(
@@ -205,44 +213,32 @@ def profile_layers(
     cache: StageProfileCache,
     on_profile: ProgressFn | None = None,
     workers: int = 1,
-    variants: Sequence[tuple[MeshChoice, Pins]] = (),
     num_microbatches: int = 1,
 ) -> ProfileTable:
-    """Profile each distinct (layer structure, intra-op pins) on each mesh, reusing `cache`.
+    """Profile each distinct (layer structure, intra-op pins) on each mesh for a step of `num_microbatches`.
 
-    `workers` > 1 runs the cost function in that many spawned processes
-    (worth it when there are dozens of ILPs to solve, e.g. GPT-39B).
-    `variants` are extra sharding pins tried on one mesh (the user's pins
-    win where both pin a tensor); a layer keeps whichever profile has the
-    lower `num_microbatches * (forward + backward) + update`.  The ILP
-    weighs a step's update like one microbatch, so e.g. pure data
-    parallelism pinned can beat its free choice at many microbatches
-    (memory is not compared: the cheaper profile is kept even if it needs more).
+    The cost function weighs a step's once-per-step terms (update, gradient
+    sync) against `num_microbatches` forward and backward passes, so the
+    count is part of the cache key.  `workers` > 1 runs the cost function in
+    that many spawned processes (worth it when there are dozens of ILPs to
+    solve, e.g. GPT-39B).
     """
     views = layer_views(graph)
     fn_key = getattr(cost_fn, "cache_key", cost_fn)
     jobs: dict[tuple, tuple[LayerView, Pins, MeshChoice]] = {}
-    keys: list[list[list[tuple]]] = []
-    extra = {choice: list(p for c, p in variants if c == choice) for choice, _ in variants}
+    keys: list[list[tuple]] = []
     for view in views:
         pin_key, layer_pins = _layer_pins(pins, view)
         row = []
         for choice in meshes:
             mesh = cluster.logical_mesh(choice.submesh, choice.logical_shape)
-            options = [(pin_key, layer_pins)]
-            for variant in extra.get(choice, ()):
-                merged = _merge_pins(pins, variant)
-                options.append(_layer_pins(merged, view))
-            cell = []
-            for option_key, option_pins in dict(options).items():
-                key = (view.signature, option_key, choice.logical_shape, mesh.axis_links, cluster.device,
-                       cost_model, fn_key)
-                cell.append(key)
-                if key not in jobs and cache.get(key) is None:
-                    jobs[key] = (view, option_pins, choice)
-            row.append(cell)
+            key = (view.signature, pin_key, choice.logical_shape, mesh.axis_links, cluster.device,
+                   cost_model, fn_key, num_microbatches)
+            row.append(key)
+            if key not in jobs and cache.get(key) is None:
+                jobs[key] = (view, layer_pins, choice)
         keys.append(row)
-    items = [(view.nodes, layer_pins, choice) for view, layer_pins, choice in jobs.values()]
+    items = [(view.nodes, layer_pins, choice, num_microbatches) for view, layer_pins, choice in jobs.values()]
     if workers > 1 and len(items) >= 4 * workers:
         results = _profile_in_processes(graph, cluster, cost_model, cost_fn, items, workers, on_profile)
     else:
@@ -251,34 +247,22 @@ def profile_layers(
             results.append(_profile_one(graph, cluster, cost_model, cost_fn, *item))
             if on_profile is not None:
                 on_profile(done, len(items))
-    for (key, (view, _, _)), result in zip(jobs.items(), results):
-        plan_or_error = result
+    for (key, (view, _, _)), plan_or_error in zip(jobs.items(), results):
         if isinstance(plan_or_error, str):
             cache.put(key, LayerProfile.infeasible(plan_or_error))
         else:
             cache.put(key, LayerProfile.from_sharding(plan_or_error, view))
-    def best(cell: list[tuple]) -> LayerProfile:
-        found = [cache[k] for k in cell]
-        usable = [p for p in found if p.feasible] or found[:1]
-        return min(usable, key=lambda p: num_microbatches * p.time_s + p.update_s)
-
-    profiles = tuple(tuple(best(cell) for cell in row) for row in keys)
+    profiles = tuple(tuple(cache[key] for key in row) for row in keys)
     forward, backward = cut_bytes(graph)
-    return ProfileTable(views, tuple(meshes), profiles, forward, backward, len(jobs))
+    return ProfileTable(views, tuple(meshes), profiles, forward, backward, len(jobs), step_transfer_bytes(graph))
 
 
-def _merge_pins(pins: Pins, variant: Pins) -> Pins:
-    """The user's intra-op pins plus a variant's on tensors and operators the user left free."""
-    specs = dict(variant.partition_specs) | dict(pins.partition_specs)
-    strategies = dict(variant.strategies) | dict(pins.strategies)
-    return Pins(strategies=tuple(strategies.items()), partition_specs=tuple(specs.items()))
-
-
-def _profile_one(graph, cluster, cost_model, cost_fn, nodes, layer_pins, choice) -> ShardingPlan | str:
+def _profile_one(graph, cluster, cost_model, cost_fn, nodes, layer_pins, choice,
+                 num_microbatches) -> ShardingPlan | str:
     """One cost-function call; a ValueError (cannot run there) comes back as its message."""
     mesh = cluster.logical_mesh(choice.submesh, choice.logical_shape)
     try:
-        return cost_fn(graph, mesh, cluster, cost_model, layer_pins, nodes=nodes)
+        return cost_fn(graph, mesh, cluster, cost_model, layer_pins, nodes=nodes, num_microbatches=num_microbatches)
     except ValueError as err:
         return str(err)
 
@@ -360,12 +344,20 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
     def finish(values: np.ndarray) -> np.ndarray:
         return np.where(valid, values, inf)
 
+    step_recv = np.zeros_like(recv)
+    if table.step_bytes is not None and table.step_bytes.any():
+        pairs = [(k, j) for k in range(num_layers) for j in range(k + 1, num_layers + 1)]
+        received = {kj: table.step_recv_bytes(*kj) for kj in pairs}
+        for m, choice in enumerate(table.meshes):
+            link = boundary_link(cluster, choice.submesh)
+            for (k, j), nbytes in received.items():
+                step_recv[k, j, m] = cost_model.send_recv(nbytes, link) if nbytes else 0.0
     time = grid("forward_s") + grid("backward_s")
     work = np.where(bad > 0, inf, time * np.array([m.num_devices for m in table.meshes])[None, :]).min(axis=1)
     return StageCostTable(
         meshes=table.meshes,
         time_s=finish(range_sums(time) + recv),
-        update_s=finish(range_sums(grid("update_s"))),
+        update_s=finish(range_sums(grid("update_s")) + step_recv),
         state_bytes=finish(range_sums(grid("state_bytes"))),
         activation_bytes=finish(range_sums(grid("activation_bytes"))),
         layer_work_s=np.where(np.isfinite(work), work, 0.0),

@@ -14,13 +14,13 @@ import time
 from typing import Any, Callable, Sequence
 
 from alpaviz.core.cost import Cluster, CostModel, CostModelProtocol, LogicalMesh
-from alpaviz.core.graph import OpGraph, check_number, trace
+from alpaviz.core.graph import OpGraph, check_int, check_number, gradient_producers, trace
 from alpaviz.core.intra_op._dim_labels import IDENTITY
 from alpaviz.core.intra_op._resharding import plan_resharding, resharding_cost
 from alpaviz.core.intra_op._sharding_ilp import Equal, IlpProblem, PairCost, _feasible_fixed, evaluate, solve
 from alpaviz.core.intra_op._simplify import Simplified, simplify
 from alpaviz.core.intra_op._strategies import (
-    NAMING_DEVICE, enumerate_strategies, shard_bytes, strategy_names, tensor_bytes,
+    NAMING_DEVICE, Strategy, enumerate_strategies, shard_bytes, strategy_names, tensor_bytes,
 )
 from alpaviz.core.plan import Pins, ShardingCost, ShardingPlan, Spec, check_spec, replicated, spec_name
 
@@ -55,12 +55,18 @@ def solve_sharding(
     memory_limit_bytes: float | None = None,
     time_limit_s: float = 60.0,
     merge_followers: bool = True,
+    num_microbatches: int = 1,
 ) -> ShardingPlan:
     """The cheapest sharding of `graph` (or the sub-graph `nodes`) on `mesh`.
 
     Tensors that `nodes` read but do not produce are inputs of the
     sub-problem.  `merge_followers=False` gives every operator its own ILP
     variable (exact over all assignments, slower).
+
+    The objective is one training step of `num_microbatches` microbatches:
+    `B x (forward + backward) + once-per-step terms`, where the once-per-step
+    terms are the update and the cross-device reduction of the gradients
+    (accumulated locally over the microbatches, reduced once).
 
     Example:
         >>> mesh = cluster.logical_mesh((1, 4), (2, 2))
@@ -72,11 +78,13 @@ def solve_sharding(
     if memory_limit_bytes is not None:
         check_number("memory_limit_bytes", memory_limit_bytes, positive=True)
     check_number("time_limit_s", time_limit_s, positive=True)
+    check_int("num_microbatches", num_microbatches, minimum=1)
     node_names = _subset(graph, nodes)
     _check_pins(graph, pins, mesh, set(node_names))
     pinned = frozenset(n for n in pins.strategy_map if n in set(node_names))
     simp = simplify(graph, node_names, mesh, cost_model, cluster.device, pinned, merge_followers)
-    problem, restrictions, kept = _assemble(graph, simp, mesh, cost_model, pins, memory_limit_bytes)
+    weights = StepWeights(graph, num_microbatches)
+    problem, restrictions, kept = _assemble(graph, simp, mesh, cost_model, pins, memory_limit_bytes, weights)
     result = solve(problem, time_limit_s)
     if result.status == "no_solution":
         result = _fallback(problem, result)
@@ -87,7 +95,7 @@ def solve_sharding(
         )
     if result.choice is None:
         raise _diagnose(problem, restrictions, memory_limit_bytes, time_limit_s, mesh)
-    return _plan(graph, simp, mesh, cost_model, problem, kept, result, time.perf_counter() - start)
+    return _plan(graph, simp, mesh, cost_model, problem, kept, result, time.perf_counter() - start, weights)
 
 
 def solve_sharding_auto(
@@ -99,6 +107,7 @@ def solve_sharding_auto(
     pins: Pins | None = None,
     memory_limit: float | None = None,
     time_limit_s: float = 60.0,
+    num_microbatches: int = 1,
 ) -> ShardingPlan:
     """Trace if needed, build the `(r, c)` logical mesh on the cluster, and solve (`av.solve_sharding`).
 
@@ -119,7 +128,8 @@ def solve_sharding_auto(
             f"dividing it, e.g. (1, {cluster.devices_per_host})"
         ) from None
     return solve_sharding(graph, mesh, cluster, cost_model or CostModel(), pins or Pins(),
-                          memory_limit_bytes=memory_limit, time_limit_s=time_limit_s)
+                          memory_limit_bytes=memory_limit, time_limit_s=time_limit_s,
+                          num_microbatches=num_microbatches)
 
 
 def _trace(fn: Callable[..., Any], args: tuple[Any, ...]) -> OpGraph:
@@ -176,8 +186,31 @@ def _check_pins(graph: OpGraph, pins: Pins, mesh: LogicalMesh, subset: set[str])
 # ---- problem assembly ---------------------------------------------------------------------
 
 
+class StepWeights:
+    """How often each operator's costs count in one step of `num_microbatches` microbatches.
+
+    Forward and backward run once per microbatch; the update once per step;
+    a gradient's reduction across devices once per step (deferred: each
+    device accumulates its partial sums and they are reduced at the end).
+    """
+
+    def __init__(self, graph: OpGraph, num_microbatches: int) -> None:
+        self.graph = graph
+        self.num_microbatches = num_microbatches
+        self.deferred = gradient_producers(graph) if num_microbatches > 1 else frozenset()
+
+    def compute(self, node: str) -> int:
+        return 1 if self.graph.node(node).role == "update" else self.num_microbatches
+
+    def communication(self, node: str) -> int:
+        return 1 if node in self.deferred else self.compute(node)
+
+    def strategy(self, node: str, strategy: Strategy) -> float:
+        return self.compute(node) * strategy.compute_s + self.communication(node) * strategy.communication_s
+
+
 def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostModelProtocol,
-              pins: Pins, memory_limit: float | None):
+              pins: Pins, memory_limit: float | None, weights: StepWeights):
     """Costs per group option, class-pair edge costs, alias constraints, memory rows and pin restrictions."""
     unary = [[0.0] * g.num_options for g in simp.groups]
     edges: dict[tuple[str, int], list[tuple[str, int]]] = {}
@@ -187,8 +220,9 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
             continue
         g = simp.group_of_node[name]
         node, strategies, picks = graph.node(name), simp.strategies[name], simp.choice[name]
+        per_read = weights.compute(name)
         for k, j in enumerate(picks):
-            unary[g][k] += strategies[j].cost_s
+            unary[g][k] += weights.strategy(name, strategies[j])
         for i, raw in enumerate(node.inputs):
             t = simp.resolve(raw)
             if simp.is_free(graph, t):
@@ -196,7 +230,7 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
             h = simp.group_of_tensor[t]
             if h == g:
                 for k, j in enumerate(picks):
-                    unary[g][k] += reshard(t, simp.tensor_specs[t][k], strategies[j].in_specs[i])
+                    unary[g][k] += per_read * reshard(t, simp.tensor_specs[t][k], strategies[j].in_specs[i])
             else:
                 edges.setdefault((t, g), []).append((name, i))
     by_groups: dict[tuple[int, int], list[tuple[str, list[tuple[str, int]]]]] = {}
@@ -214,7 +248,8 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
         cost = {}
         for src in set(have):
             for dst in set(need):
-                total = sum(reshard(t, s_t, d) for (t, _), s_t, d_t in zip(items, src, dst) for d in d_t)
+                total = sum(weights.compute(n) * reshard(t, s_t, d)
+                            for (t, readers), s_t, d_t in zip(items, src, dst) for (n, _), d in zip(readers, d_t))
                 if total > 0:
                     cost[src, dst] = total
         pairs.append(PairCost(h, g, have, need, cost))
@@ -233,7 +268,7 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
         for k, spec in enumerate(simp.tensor_specs[t]):
             memory[g][k] += shard_bytes(info, spec, mesh)
     allowed = _allowed(simp, restrictions)
-    constant = sum(simp.strategies[n][0].cost_s for n in simp.constant_nodes)
+    constant = sum(weights.strategy(n, simp.strategies[n][0]) for n in simp.constant_nodes)
     problem = IlpProblem(tuple(map(tuple, unary)), allowed, tuple(pairs), tuple(equal),
                          tuple(map(tuple, memory)), memory_limit, constant)
     return problem, restrictions, kept
@@ -366,7 +401,7 @@ def _diagnose(problem: IlpProblem, restrictions, memory_limit: float | None, tim
 
 
 def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostModelProtocol,
-          problem: IlpProblem, kept, result, seconds: float) -> ShardingPlan:
+          problem: IlpProblem, kept, result, seconds: float, weights: StepWeights) -> ShardingPlan:
     choice = result.choice
     reshard = _Resharder(graph, mesh, cost_model)
     strategies: list[tuple[str, str]] = []
@@ -399,7 +434,9 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
         compute += strategy.compute_s
         comm += strategy.communication_s
         resharding += moved
-        by_role[node.role] += strategy.cost_s + moved
+        by_role[node.role] += strategy.compute_s + moved
+        # A gradient's reduction is deferred to the end of the step: it is update time.
+        by_role["update" if name in weights.deferred else node.role] += strategy.communication_s
     for name in simp.nodes:
         node = graph.node(name)
         if node.primitive in IDENTITY:

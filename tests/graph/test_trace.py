@@ -132,3 +132,35 @@ def test_scan_kept_as_one_node_with_note():
     scans = [n for n in graph.nodes if n.primitive == "scan"]
     assert len(scans) == 1 and "length 5" in scans[0].note
     assert scans[0].flops >= 5 * 2 * 4 * 4
+
+
+def test_tied_embedding_gradient_crosses_the_pipeline_once_per_step():
+    """The head's and the embedding's cotangents of a tied weight are summed in the update, so the head's
+    share is sent to the embedding's stage once per step (step_transfer_bytes), not with every microbatch."""
+    from alpaviz.core.graph import gradient_producers, step_transfer_bytes
+
+    step, params, batch = av.models.gpt(num_layers=2, abstract=True)
+    graph = av.trace(step, params, batch)
+    forward_layers = {}
+    for node in graph.nodes:
+        if node.role == "forward":
+            for t in node.inputs:
+                forward_layers.setdefault(t, set()).add(node.layer)
+    tied = [t for t in graph.inputs if graph.tensor(t).kind == "input" and len(forward_layers.get(t, ())) > 1
+            and len(graph.tensor(t).shape) == 2]
+    assert len(tied) == 1, tied
+    nbytes = graph.tensor(tied[0]).nbytes
+    first, last = min(forward_layers[tied[0]]), max(forward_layers[tied[0]])
+    assert first < last
+    matrix = step_transfer_bytes(graph)
+    assert matrix[first, last] >= nbytes
+    shape = graph.tensor(tied[0]).shape
+    per_microbatch = [t.name for t in graph.tensors if t.producer and graph.node(t.producer).role == "backward"
+                      and t.shape == shape and any(graph.node(c).role == "backward"
+                                                   and graph.node(c).layer < graph.node(t.producer).layer
+                                                   for c in graph.consumers.get(t.name, ()))]
+    assert not per_microbatch  # per microbatch, only the activations' gradients travel back
+    summed = [n for n in graph.nodes if n.primitive == "add_any" and n.role == "update"]
+    assert summed
+    grads = gradient_producers(graph)
+    assert grads and all(graph.node(n).role == "backward" for n in grads)

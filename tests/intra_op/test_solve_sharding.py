@@ -293,3 +293,37 @@ def test_time_limit_gives_a_marked_plan_not_an_optimum_claim():
     rushed = solve_sharding(graph, mesh, CLUSTER, time_limit_s=1e-3)
     assert rushed.status in ("time_limited", "heuristic")
     assert rushed.objective >= best.objective * (1 - 1e-9)
+
+
+def _pinned_to(graph, plan):
+    return av.Pins(strategies=plan.strategies, partition_specs=[(t, plan.spec_map[t]) for t in graph.inputs])
+
+
+def test_gradient_sync_is_once_per_step_and_many_microbatches_favour_data_parallelism():
+    """A weight's gradient is accumulated over the microbatches and reduced once: the ILP weighs
+    B x (forward + backward) + the update, so the same layer goes from Megatron at B=1 to data parallel at B=64."""
+    cluster = av.Cluster.a100_node(1)
+    graph = mlp(1024, 1024, 4096)
+    mesh = cluster.logical_mesh((1, 4), (1, 4))
+    one = solve_sharding(graph, mesh, cluster, num_microbatches=1)
+    many = solve_sharding(graph, mesh, cluster, num_microbatches=64)
+    for plan, b in ((one, 1), (many, 64)):
+        c = plan.cost
+        assert plan.objective == pytest.approx(b * (c.forward_s + c.backward_s) + c.update_s, rel=1e-9)
+    forward = [n for n in graph.nodes if n.primitive == "dot_general" and n.role == "forward"]
+    specs = lambda plan, n: _operand_specs(graph, plan, n, mesh).in_specs  # noqa: E731
+    assert all(specs(one, n)[1] != ((), ()) for n in forward)  # Megatron: weights split
+    assert all(specs(many, n)[0][0] == ("y",) and specs(many, n)[1] == ((), ()) for n in forward)  # batch split
+    # Each is optimal for its own count: the other's choice, pinned and priced at that count, is no cheaper.
+    for plan, other, b in ((one, many, 1), (many, one, 64)):
+        repriced = solve_sharding(graph, mesh, cluster, pins=_pinned_to(graph, other), num_microbatches=b)
+        assert repriced.status == "pinned" and repriced.objective >= plan.objective * (1 - 1e-9)
+    # Data parallel at B=64: the gradients' reductions are update time, not backward time.
+    backward_sync = [n for n in graph.nodes if n.role == "backward" and n.primitive == "dot_general"
+                     and _operand_specs(graph, many, n, mesh).collectives]
+    assert backward_sync
+    at_one = solve_sharding(graph, mesh, cluster, pins=_pinned_to(graph, many), num_microbatches=1)
+    assert many.cost.backward_s < at_one.cost.backward_s
+    assert many.cost.update_s > at_one.cost.update_s
+    assert many.cost.backward_s + many.cost.update_s == pytest.approx(
+        at_one.cost.backward_s + at_one.cost.update_s, rel=1e-9)
