@@ -89,7 +89,8 @@ def _op_hover(graph: OpGraph, plan: Plan, name: str) -> str:
     strategy = plan.strategies.get(name, "(solver default)")
     stage = plan.stage_of_layer(node.layer) if plan.stages else None
     device = plan.cluster.device
-    seconds = plan.cost_model.op_time(node.primitive, node.flops, node.bytes_read + node.bytes_written, device)
+    seconds = plan.cost_model.op_time(node.primitive, node.flops, node.bytes_read + node.bytes_written, device,
+                                      graph.operand_dtype(node))
     if stage is not None:
         seconds /= len(stage.device_ids)
     return (

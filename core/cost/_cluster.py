@@ -19,16 +19,30 @@ AXIS_NAMES: tuple[str, str] = ("x", "y")
 
 @dataclasses.dataclass(frozen=True)
 class DeviceSpec:
-    """One accelerator: peak FLOP/s, memory bytes and memory bandwidth (bytes/s)."""
+    """One accelerator: peak FLOP/s, memory bytes and memory bandwidth (bytes/s).
+
+    `peak_flops` is the 16-bit (and default) matmul peak; `fp32_peak_flops`,
+    when given, the peak for 32- and 64-bit operands (tensor cores run fp32
+    matmuls as TF32 at a fraction of the 16-bit rate).
+    """
 
     name: str
     peak_flops: float
     memory_bytes: float
     memory_bandwidth: float = 1e12
+    fp32_peak_flops: float | None = None
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "memory_bytes", "memory_bandwidth"):
             check_number(f"DeviceSpec.{field}", getattr(self, field), positive=True)
+        if self.fp32_peak_flops is not None:
+            check_number("DeviceSpec.fp32_peak_flops", self.fp32_peak_flops, positive=True)
+
+    def peak_flops_for(self, dtype: str | None) -> float:
+        """The peak for operands of `dtype` (a name such as 'float32'; None for the default)."""
+        if self.fp32_peak_flops is not None and dtype in ("float32", "float64"):
+            return self.fp32_peak_flops
+        return self.peak_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +148,8 @@ class Cluster:
         return cls(
             num_hosts=num_hosts,
             devices_per_host=devices_per_host,
-            device=DeviceSpec("A100-40GB", peak_flops=312e12, memory_bytes=40e9, memory_bandwidth=1.55e12),
+            device=DeviceSpec("A100-40GB", peak_flops=312e12, memory_bytes=40e9, memory_bandwidth=1.55e12,
+                              fp32_peak_flops=156e12),
             intra_host=Link(alpha_s=5e-6, bandwidth_bytes_per_s=150e9),
             inter_host=Link(alpha_s=2e-5, bandwidth_bytes_per_s=3.125e9),
             name=f"{num_hosts}x{devices_per_host} A100",
@@ -146,7 +161,8 @@ class Cluster:
         return cls(
             num_hosts=num_hosts,
             devices_per_host=devices_per_host,
-            device=DeviceSpec("V100-16GB", peak_flops=125e12, memory_bytes=16e9, memory_bandwidth=0.9e12),
+            device=DeviceSpec("V100-16GB", peak_flops=125e12, memory_bytes=16e9, memory_bandwidth=0.9e12,
+                              fp32_peak_flops=15.7e12),
             intra_host=Link(alpha_s=5e-6, bandwidth_bytes_per_s=100e9),
             inter_host=Link(alpha_s=2e-5, bandwidth_bytes_per_s=3.125e9),
             name=f"{num_hosts}x{devices_per_host} V100",
@@ -158,7 +174,8 @@ class Cluster:
         return cls(
             num_hosts=num_hosts,
             devices_per_host=devices_per_host,
-            device=DeviceSpec("H100-80GB", peak_flops=989e12, memory_bytes=80e9, memory_bandwidth=3.35e12),
+            device=DeviceSpec("H100-80GB", peak_flops=989e12, memory_bytes=80e9, memory_bandwidth=3.35e12,
+                              fp32_peak_flops=494e12),
             intra_host=Link(alpha_s=3e-6, bandwidth_bytes_per_s=450e9),
             inter_host=Link(alpha_s=1e-5, bandwidth_bytes_per_s=50e9),
             name=f"{num_hosts}x{devices_per_host} H100",

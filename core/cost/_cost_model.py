@@ -20,8 +20,9 @@ Axes = int | tuple[int, ...]
 class CostModelProtocol(Protocol):
     """What the solvers need from a cost model."""
 
-    def compute_time(self, flops: float, nbytes: float, device: DeviceSpec) -> float: ...
-    def op_time(self, primitive: str, flops: float, nbytes: float, device: DeviceSpec) -> float: ...
+    def compute_time(self, flops: float, nbytes: float, device: DeviceSpec, dtype: str | None = None) -> float: ...
+    def op_time(self, primitive: str, flops: float, nbytes: float, device: DeviceSpec,
+                dtype: str | None = None) -> float: ...
     def all_reduce(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float: ...
     def all_gather(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float: ...
     def reduce_scatter(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float: ...
@@ -58,17 +59,19 @@ class CostModel:
         if not 0 <= self.fused_traffic_share <= 1:
             raise ValueError(f"CostModel.fused_traffic_share must be in [0, 1], got {self.fused_traffic_share!r}")
 
-    def compute_time(self, flops: float, nbytes: float, device: DeviceSpec) -> float:
-        """Roofline: the slower of arithmetic and memory traffic."""
-        arithmetic = flops / (device.peak_flops * self.compute_efficiency)
+    def compute_time(self, flops: float, nbytes: float, device: DeviceSpec, dtype: str | None = None) -> float:
+        """Roofline: the slower of arithmetic (at the peak for `dtype`) and memory traffic."""
+        arithmetic = flops / (device.peak_flops_for(dtype) * self.compute_efficiency)
         traffic = nbytes / (device.memory_bandwidth * self.memory_efficiency)
         return max(arithmetic, traffic)
 
-    def op_time(self, primitive: str, flops: float, nbytes: float, device: DeviceSpec) -> float:
-        """Roofline time of one operator, with fusible operators charged `fused_traffic_share` of their bytes."""
+    def op_time(self, primitive: str, flops: float, nbytes: float, device: DeviceSpec,
+                dtype: str | None = None) -> float:
+        """Roofline time of one operator (operands of `dtype`), with fusible operators charged
+        `fused_traffic_share` of their bytes."""
         if primitive in FUSIBLE:
             nbytes *= self.fused_traffic_share
-        return self.compute_time(flops, nbytes, device)
+        return self.compute_time(flops, nbytes, device, dtype)
 
     def _collective(self, nbytes: float, mesh: LogicalMesh, axes: Axes, factor) -> float:
         n = mesh.axis_size(axes)

@@ -174,6 +174,11 @@ class OpGraph:
         except KeyError:
             raise KeyError(f"no tensor named {name!r} in graph {self.name!r}") from None
 
+    def operand_dtype(self, node: OpNode) -> str | None:
+        """The dtype an operator computes in (its first operand's; its result's when it has none)."""
+        names = node.inputs or node.outputs
+        return self.tensor(names[0]).dtype if names else None
+
     @property
     def total_flops(self) -> float:
         return float(sum(node.flops for node in self.nodes))

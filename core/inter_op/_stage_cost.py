@@ -167,7 +167,8 @@ def analytic_stage_cost(
     for op in fig.nodes:
         share = tp if op.role == "update" else n
         times[op.role] += cost_model.op_time(
-            op.primitive, op.flops / share, (op.bytes_read + op.bytes_written) / share, cluster.device
+            op.primitive, op.flops / share, (op.bytes_read + op.bytes_written) / share, cluster.device,
+            graph.operand_dtype(op),
         )
     compute = sum(times.values())
     tp_comm = cost_model.all_reduce(fig.tp_forward_bytes / dp, mesh, 1) if fig.tp_forward_bytes else 0.0

@@ -197,7 +197,8 @@ def _costed(node: OpNode, ins, outs, in_specs, out_specs, factor: int, partial: 
     """Attach compute (roofline on the per-device share) and collective costs."""
     in_bytes = sum(shard_bytes(t, s, mesh) for t, s in zip(ins, in_specs))
     out_bytes = sum(shard_bytes(t, s, mesh) for t, s in zip(outs, out_specs))
-    compute = cost_model.op_time(node.primitive, node.flops / factor, in_bytes + out_bytes, device)
+    dtype = (ins or outs)[0].dtype if (ins or outs) else None
+    compute = cost_model.op_time(node.primitive, node.flops / factor, in_bytes + out_bytes, device, dtype)
     collectives: list[Collective] = []
     if partial:
         axis_ids = tuple(mesh.axis_names.index(a) for a in partial)

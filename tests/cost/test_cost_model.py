@@ -81,3 +81,36 @@ def test_fusible_operators_are_charged_a_share_of_their_traffic(cluster):
     assert cm.op_time("add", 1e12, 1e9, dev) == pytest.approx(1e12 / 100e12)
     with pytest.raises(ValueError, match="fused_traffic_share"):
         av.CostModel(fused_traffic_share=2.0)
+
+
+def test_peak_flops_depend_on_the_operands_dtype():
+    """An fp32 matmul on an A100 runs at the TF32 peak, half the fp16 one; without an fp32 figure one peak serves."""
+    a100 = av.Cluster.a100_node(1).device
+    cm = av.CostModel(compute_efficiency=1.0)
+    assert cm.compute_time(312e12, 0.0, a100, "float16") == pytest.approx(1.0)
+    assert cm.compute_time(312e12, 0.0, a100, "bfloat16") == pytest.approx(1.0)
+    assert cm.compute_time(312e12, 0.0, a100, "float32") == pytest.approx(2.0)
+    assert cm.op_time("dot_general", 312e12, 0.0, a100, "float32") == pytest.approx(2.0)
+    plain = av.DeviceSpec("plain", peak_flops=1e12, memory_bytes=1e9)
+    assert cm.compute_time(1e12, 0.0, plain, "float32") == cm.compute_time(1e12, 0.0, plain, "float16") == 1.0
+    for preset in (av.Cluster.a100_node, av.Cluster.v100_node, av.Cluster.h100_node):
+        device = preset(1).device
+        assert device.fp32_peak_flops is not None and device.fp32_peak_flops < device.peak_flops
+    with pytest.raises(ValueError, match="fp32_peak_flops"):
+        av.DeviceSpec("bad", peak_flops=1e12, memory_bytes=1e9, fp32_peak_flops=-1.0)
+
+
+def test_the_ilp_prices_an_fp32_step_at_the_fp32_peak():
+    import jax
+    import jax.numpy as jnp
+
+    from alpaviz.core.intra_op import solve_sharding
+
+    cluster = av.Cluster.a100_node(1)
+    mesh = cluster.logical_mesh((1, 1), (1, 1))
+    costs = {}
+    for dtype in (jnp.float32, jnp.float16):
+        x, w = jax.ShapeDtypeStruct((4096, 4096), dtype), jax.ShapeDtypeStruct((4096, 4096), dtype)
+        graph = av.trace(lambda x, w: x @ w, x, w)
+        costs[dtype] = solve_sharding(graph, mesh, cluster, av.CostModel()).cost.compute_s
+    assert costs[jnp.float32] == pytest.approx(2 * costs[jnp.float16], rel=1e-6)
