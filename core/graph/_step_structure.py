@@ -127,8 +127,9 @@ def _gradient_or_step_constant(tensor, producer, roles, batch_dep, batch) -> boo
     return roles[p] == "backward" or not batch_dep[p]
 
 
-def gradient_producers(graph: OpGraph) -> frozenset[str]:
-    """Backward operators whose results only the update reads (or the step returns): the gradients.
+def gradient_producers(graph: OpGraph, nodes: Iterable[str] | None = None) -> frozenset[str]:
+    """Backward operators (of `nodes`, default all) whose results only the update reads (or the step
+    returns): the gradients.
 
     Their results are summed over the step's microbatches before anything
     reads them, so a reduction across devices they need (a data-parallel
@@ -136,7 +137,7 @@ def gradient_producers(graph: OpGraph) -> frozenset[str]:
     """
     outputs = set(graph.outputs)
     found = []
-    for node in graph.nodes:
+    for node in graph.nodes if nodes is None else map(graph.node, nodes):
         if node.role != "backward":
             continue
         readers = [graph.node(c) for t in node.outputs for c in graph.consumers.get(t, ())]

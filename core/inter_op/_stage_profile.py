@@ -192,13 +192,11 @@ class ProfileTable:
     profiles: tuple[tuple[LayerProfile, ...], ...]  # [layer][mesh]
     forward_cut_bytes: tuple[float, ...]  # [cut] activations sent forward across cut
     backward_cut_bytes: tuple[float, ...]  # [cut] gradients sent back across cut
+    step_bytes: np.ndarray  # [reader layer, producer layer] update reads, once per step
     profiled: int = 0  # cost-function calls made (cache misses)
-    step_bytes: np.ndarray | None = None  # [reader layer, producer layer] update reads, once per step
 
     def step_recv_bytes(self, start: int, stop: int) -> float:
         """Bytes the update of layers [start, stop) receives once per step from other stages."""
-        if self.step_bytes is None:
-            return 0.0
         inside = self.step_bytes[start:stop]
         return float(inside.sum() - inside[:, start:stop].sum())
 
@@ -254,7 +252,7 @@ def profile_layers(
             cache.put(key, LayerProfile.from_sharding(plan_or_error, view))
     profiles = tuple(tuple(cache[key] for key in row) for row in keys)
     forward, backward = cut_bytes(graph)
-    return ProfileTable(views, tuple(meshes), profiles, forward, backward, len(jobs), step_transfer_bytes(graph))
+    return ProfileTable(views, tuple(meshes), profiles, forward, backward, step_transfer_bytes(graph), len(jobs))
 
 
 def _profile_one(graph, cluster, cost_model, cost_fn, nodes, layer_pins, choice,
@@ -345,7 +343,7 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
         return np.where(valid, values, inf)
 
     step_recv = np.zeros_like(recv)
-    if table.step_bytes is not None and table.step_bytes.any():
+    if table.step_bytes.any():
         pairs = [(k, j) for k in range(num_layers) for j in range(k + 1, num_layers + 1)]
         received = {kj: table.step_recv_bytes(*kj) for kj in pairs}
         for m, choice in enumerate(table.meshes):

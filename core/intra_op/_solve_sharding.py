@@ -83,7 +83,7 @@ def solve_sharding(
     _check_pins(graph, pins, mesh, set(node_names))
     pinned = frozenset(n for n in pins.strategy_map if n in set(node_names))
     simp = simplify(graph, node_names, mesh, cost_model, cluster.device, pinned, merge_followers)
-    weights = StepWeights(graph, num_microbatches)
+    weights = StepWeights(graph, node_names, num_microbatches)
     problem, restrictions, kept = _assemble(graph, simp, mesh, cost_model, pins, memory_limit_bytes, weights)
     result = solve(problem, time_limit_s)
     if result.status == "no_solution":
@@ -194,10 +194,10 @@ class StepWeights:
     device accumulates its partial sums and they are reduced at the end).
     """
 
-    def __init__(self, graph: OpGraph, num_microbatches: int) -> None:
+    def __init__(self, graph: OpGraph, nodes: Sequence[str], num_microbatches: int) -> None:
         self.graph = graph
         self.num_microbatches = num_microbatches
-        self.deferred = gradient_producers(graph) if num_microbatches > 1 else frozenset()
+        self.deferred = gradient_producers(graph, nodes) if num_microbatches > 1 else frozenset()
 
     def compute(self, node: str) -> int:
         return 1 if self.graph.node(node).role == "update" else self.num_microbatches

@@ -79,13 +79,17 @@ def test_ilp_matches_brute_force(case, merge_followers):
     assert plan.objective == pytest.approx(_brute_force(graph, mesh, merge_followers), rel=1e-9)
 
 
+def _pinned_to(graph, plan):
+    """Pins that fix every strategy and input spec of `plan`."""
+    return av.Pins(strategies=plan.strategies, partition_specs=[(t, plan.spec_map[t]) for t in graph.inputs])
+
+
 def test_full_pins_reproduce_a_solved_plan():
     step, params, batch = av.models.gpt(num_layers=1, abstract=True)
     graph = av.trace(step, params, batch)
     mesh = _mesh((2, 2))
     plan = solve_sharding(graph, mesh, CLUSTER)
-    pins = av.Pins(strategies=plan.strategies,
-                   partition_specs=[(t, plan.spec_map[t]) for t in graph.inputs])
+    pins = _pinned_to(graph, plan)
     pinned = solve_sharding(graph, mesh, CLUSTER, pins=pins)
     assert pinned.status == "pinned"
     assert pinned.objective == pytest.approx(plan.objective, rel=1e-9)
@@ -293,10 +297,6 @@ def test_time_limit_gives_a_marked_plan_not_an_optimum_claim():
     rushed = solve_sharding(graph, mesh, CLUSTER, time_limit_s=1e-3)
     assert rushed.status in ("time_limited", "heuristic")
     assert rushed.objective >= best.objective * (1 - 1e-9)
-
-
-def _pinned_to(graph, plan):
-    return av.Pins(strategies=plan.strategies, partition_specs=[(t, plan.spec_map[t]) for t in graph.inputs])
 
 
 def test_gradient_sync_is_once_per_step_and_many_microbatches_favour_data_parallelism():
