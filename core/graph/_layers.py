@@ -22,7 +22,10 @@ def assign_backward_layers(graph: OpGraph, forward_layer: dict[str, int]) -> dic
       (gradients flow from the last layer to the first); a seed with no
       producer goes to the last layer.
     * An update operator takes the layer of the parameter's first forward
-      reader, else that of the gradient it reads.
+      reader, else that of the gradient (or updated value) it reads.  One
+      that reads neither, only optimizer state or constants (Adam's
+      `b1 * mu`), takes the layer of the update operators that read its
+      result, so a layer's moments stay with its gradients.
     """
     last = max(forward_layer.values(), default=0)
     last_reader: dict[str, int] = {}
@@ -55,7 +58,12 @@ def assign_backward_layers(graph: OpGraph, forward_layer: dict[str, int]) -> dic
         else:
             from_params = [first_reader[t] for t in node.inputs if t in first_reader]
             from_nodes = [result[p] for p in producers if p is not None and p in result]
-            result[node.name] = min(from_params or from_nodes or [0])
+            if from_params or from_nodes:
+                result[node.name] = min(from_params or from_nodes)
+    for node in reversed(graph.nodes):  # updates of optimizer state alone: the layer of their readers
+        if node.name not in result:
+            readers = [result[c] for t in node.outputs for c in graph.consumers.get(t, ()) if c in result]
+            result[node.name] = min(readers, default=0)
     return follow_dataflow(graph, result)
 
 
