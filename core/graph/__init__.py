@@ -15,6 +15,7 @@ from alpaviz.core.graph._op_graph import is_float_dtype as is_float_dtype
 from alpaviz.core.graph._step_structure import StepStructureError as StepStructureError
 from alpaviz.core.graph._step_structure import gradient_producers as gradient_producers
 from alpaviz.core.graph._step_structure import next_step_args as next_step_args
+from alpaviz.core.graph._step_structure import state_inputs as state_inputs
 from alpaviz.core.graph._step_structure import tensors_depending_on as tensors_depending_on
 from alpaviz.core.graph._trace import trace as trace
 from alpaviz.core.graph._markers import mark_layer as mark_layer
@@ -59,6 +60,7 @@ __all__ = [
     "step_outputs",
     "StepStructureError",
     "TensorInfo",
+    "state_inputs",
     "tensors_depending_on",
     "trace",
 ]

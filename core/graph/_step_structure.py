@@ -239,3 +239,11 @@ def _top_level(tree: Any) -> list[Any]:
 def _signature(tree: Any) -> tuple:
     leaves, treedef = jax.tree.flatten(tree)
     return (treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x)))) for x in leaves))
+
+
+def state_inputs(graph: OpGraph) -> frozenset[str]:
+    """Step inputs an update reads: parameters and optimizer state (what a step replaces)."""
+    return frozenset(
+        t for t in graph.inputs
+        if any(graph.node(c).role == "update" for c in graph.consumers.get(t, ()))
+    )

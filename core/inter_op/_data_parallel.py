@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from alpaviz.core.cost import Cluster
-from alpaviz.core.graph import OpGraph
-from alpaviz.core.inter_op._stage_cost import state_inputs
+from alpaviz.core.graph import OpGraph, state_inputs
 from alpaviz.core.plan import Pins, replicated
 
 

@@ -168,14 +168,14 @@ def _too_large(setup: SolveSetup, need: float, pin_names: Sequence[str]) -> Mode
     limit, n = setup.memory_limit_bytes, setup.cluster.num_devices
     widest = []
     for row in setup.profiles.profiles:
-        options = [p.state_bytes + p.activation_bytes for p in row if p.feasible]
+        options = [p.memory.peak for p in row if p.feasible]
         widest.append(min(options) if options else math.inf)
     worst = max(range(len(widest)), key=lambda i: widest[i])
     under = f"with the pins {list(pin_names)} " if pin_names else ""
     return ModelTooLargeError(
         f"the model does not fit {setup.cluster.name} ({n} devices): {under}the best plan needs "
-        f"{format_bytes(need)} per device (parameters, gradients, optimizer state and in-flight "
-        f"activations) but the limit is {format_bytes(limit)} per device; its largest layer ({worst}) alone "
+        f"{format_bytes(need)} per device (parameters, gradients, optimizer state, in-flight "
+        f"activations and the largest operator's working set) but the limit is {format_bytes(limit)} per device; its largest layer ({worst}) alone "
         f"needs {format_bytes(widest[worst])} per device on the widest mesh. "
         + ("Unpin the stage layout, use" if pin_names else "Use")
         + " more devices, a smaller microbatch, or a larger memory_limit"

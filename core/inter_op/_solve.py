@@ -7,7 +7,9 @@ solved; what they fix is honoured or reported as a conflict that names them.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import time
 from typing import Any, Callable, Sequence
 
@@ -72,11 +74,11 @@ def solve(
         >>> print(plan.summary())
     """
     started = time.perf_counter()
-    Schedule(schedule, num_microbatches)  # the kind and count, checked before any work
     check_number("tolerance", tolerance, minimum=0)
     if pins is not None and not isinstance(pins, Pins):
         raise TypeError(f"pins must be an av.Pins, got {type(pins).__name__}")
     pins = Pins() if pins is None else pins
+    Schedule(schedule, num_microbatches)  # the kind and count, checked before any work
     if global_batch_argnums:
         if isinstance(fn_or_graph, OpGraph):
             raise ValueError(
@@ -151,7 +153,8 @@ def evaluate_stages(
                 f"{_reason(setup, s)}"
             )
         keep = in_flight(i, n, num_microbatches, schedule)
-        need = float(table.state_bytes[s.start, s.stop, s.mesh] + keep * table.activation_bytes[s.start, s.stop, s.mesh])
+        need = float(table.state_bytes[s.start, s.stop, s.mesh] + keep * table.activation_bytes[s.start, s.stop, s.mesh]
+                     + (0.0 if table.temp_bytes is None else table.temp_bytes[s.start, s.stop, s.mesh]))
         if need > setup.memory_limit_bytes:
             raise ModelTooLargeError(
                 f"stage {i} (layers {s.start}..{s.stop - 1} on {setup.meshes[s.mesh].logical_shape}) needs "
@@ -346,9 +349,8 @@ def assemble_plan(
         recvs.append(recv_in + recv_back)
         step_bytes = profiles.step_recv_bytes(choice.start, choice.stop)
         step_recv = setup.cost_model.send_recv(step_bytes, link) if step_bytes else 0.0
-        state = sum(p.state_bytes for _, p in rows)
-        act = sum(p.activation_bytes for _, p in rows)
-        keep = in_flight(i, n, num_microbatches, schedule)
+        memory = functools.reduce(operator.add, (p.memory for _, p in rows)).with_in_flight(
+            in_flight(i, n, num_microbatches, schedule))
         for key in totals:
             totals[key] += sum(getattr(p, key) for _, p in rows)
         strategies: dict[str, str] = {}
@@ -367,7 +369,7 @@ def assemble_plan(
                 compute_s=sum(p.compute_s for _, p in rows),
                 communication_s=sum(p.communication_s for _, p in rows) + recv_in + recv_back + step_recv,
                 resharding_s=sum(p.resharding_s for _, p in rows),
-                memory_bytes=state + keep * act, activation_bytes=act,
+                memory_bytes=memory.peak, activation_bytes=memory.activations, memory=memory,
             ),
         ))
     times = [s.cost.microbatch_s for s in stages]

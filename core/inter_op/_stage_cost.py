@@ -19,9 +19,9 @@ import importlib.util
 from typing import Protocol, Sequence
 
 from alpaviz.core.cost import Cluster, CostModel, LogicalMesh
-from alpaviz.core.graph import OpGraph, OpNode
+from alpaviz.core.graph import OpGraph, OpNode, state_inputs
 from alpaviz.core.intra_op import solve_sharding
-from alpaviz.core.plan import Pins, ShardingCost, ShardingPlan, Spec
+from alpaviz.core.plan import MemoryBreakdown, Pins, ShardingCost, ShardingPlan, Spec
 
 # Operators that only re-view a tensor: a weight seen through them is still a weight.
 _VIEWS = frozenset({"transpose", "convert_element_type", "reshape", "broadcast_in_dim", "copy"})
@@ -42,14 +42,6 @@ class StageCostFn(Protocol):
         nodes: Sequence[str],
         num_microbatches: int = 1,
     ) -> ShardingPlan: ...
-
-
-def state_inputs(graph: OpGraph) -> frozenset[str]:
-    """Graph inputs read by an optimizer update: parameters and optimizer state."""
-    return frozenset(
-        t for t in graph.inputs
-        if any(graph.node(c).role == "update" for c in graph.consumers.get(t, ()))
-    )
 
 
 def microbatch_size(graph: OpGraph, state: frozenset[str] | None = None) -> int | None:
@@ -173,8 +165,12 @@ def analytic_stage_cost(
     compute = sum(times.values())
     tp_comm = cost_model.all_reduce(fig.tp_forward_bytes / dp, mesh, 1) if fig.tp_forward_bytes else 0.0
     grad_sync = cost_model.all_reduce(fig.param_bytes / tp, mesh, 0) if fig.param_bytes else 0.0
-    memory_state = (fig.state_bytes + fig.param_bytes) / tp
-    activation = fig.activation_bytes / n
+    memory = MemoryBreakdown(
+        params=fig.param_bytes / tp,
+        optimizer_state=(fig.state_bytes - fig.param_bytes) / tp,
+        gradients=fig.param_bytes / tp,
+        activations=fig.activation_bytes / n,
+    )
     specs = [(t, _param_spec(graph.tensor(t).shape, tp)) for t in fig.params]
     if dp > 1:
         specs += [
@@ -188,8 +184,9 @@ def analytic_stage_cost(
         forward_s=times["forward"] + tp_comm,
         backward_s=times["backward"] + tp_comm,
         update_s=times["update"] + grad_sync,
-        memory_bytes=memory_state + activation,
-        activation_bytes=activation,
+        memory_bytes=memory.peak,
+        activation_bytes=memory.activations,
+        memory=memory,
     )
     return ShardingPlan(
         mesh_shape=mesh.shape,

@@ -14,7 +14,7 @@ keeps the DP exact.  As in Alpa, `t_max = max_i t_i` is enumerated over the
 distinct stage costs; for each, a DP finds the least sum with every stage
 under `t_max`, and enumeration stops once no larger `t_max` can win.
 
-Memory: a stage fits when `state + in_flight * activations <= limit`, where
+Memory: a stage fits when `state + in_flight * activations + temporaries <= limit`, where
 under 1F1B stage i of n keeps `min(n - i, B)` microbatches in flight and
 under GPipe all `B`.
 """
@@ -48,10 +48,12 @@ class StageCostTable:
     """Cost of stage candidates: entry [k, j, m] is layers [k, j) on mesh choice m.
 
     `time_s` is forward + backward per microbatch (cross-stage transfers
-    included), `update_s` once per step, memory in bytes per device.  Entries
-    with k >= j or that cannot run are `inf`.  `layer_work_s`, when given,
-    is a per-layer lower bound on device-seconds (time x devices) used to
-    skip hopeless `t_max` values.
+    included), `update_s` once per step, memory in bytes per device:
+    `state_bytes` for the whole step, `activation_bytes` per microbatch in
+    flight, `temp_bytes` the largest operator's working set (zero when not
+    given).  Entries with k >= j or that cannot run are `inf`.
+    `layer_work_s`, when given, is a per-layer lower bound on device-seconds
+    (time x devices) used to skip hopeless `t_max` values.
     """
 
     meshes: tuple[MeshChoice, ...]
@@ -60,6 +62,7 @@ class StageCostTable:
     state_bytes: np.ndarray
     activation_bytes: np.ndarray
     layer_work_s: np.ndarray | None = None
+    temp_bytes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         shape = (self.num_layers + 1, self.num_layers + 1, len(self.meshes))
@@ -240,7 +243,8 @@ class _Problem:
                 allowed[:, cut] = False
         sum_cost = np.where(allowed[:, :, None], table.time_s + table.update_s, np.inf)
         with np.errstate(divide="ignore", invalid="ignore"):
-            free = np.where(np.isfinite(table.state_bytes), memory_limit - table.state_bytes, -np.inf)
+            fixed = table.state_bytes if table.temp_bytes is None else table.state_bytes + table.temp_bytes
+            free = np.where(np.isfinite(fixed), memory_limit - fixed, -np.inf)
             fit = np.where(table.activation_bytes > 0, np.floor(free / table.activation_bytes), np.inf)
         max_in_flight = np.where(free >= 0, fit, -1.0)
         sum_cost = np.where(max_in_flight >= 1, sum_cost, np.inf)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from alpaviz.core.cost import Cluster, CostModel, Link
 from alpaviz.core.graph import OpGraph, cut_bytes, step_transfer_bytes
 from alpaviz.core.inter_op._stage_cost import StageCostFn
 from alpaviz.core.inter_op._stage_dp import MeshChoice, StageCostTable
-from alpaviz.core.plan import Pins, ShardingPlan, Spec
+from alpaviz.core.plan import MemoryBreakdown, Pins, ShardingPlan, Spec
 
 ProgressFn = Callable[[int, int], None]
 
@@ -88,9 +88,8 @@ def _view(graph: OpGraph, index: int, names: tuple[str, ...]) -> LayerView:
 class LayerProfile:
     """Cost of one layer on one logical mesh, with its shardings by position in the layer.
 
-    Times are per microbatch (`update_s` per step); memory per device:
-    `state_bytes` for parameters, gradients and optimizer state,
-    `activation_bytes` for what one microbatch keeps for the backward pass.
+    Times are per microbatch (`update_s` per step); `memory` per device,
+    with one microbatch in flight.
     """
 
     forward_s: float
@@ -99,8 +98,7 @@ class LayerProfile:
     compute_s: float
     communication_s: float
     resharding_s: float
-    state_bytes: float
-    activation_bytes: float
+    memory: MemoryBreakdown
     strategies: tuple[tuple[int, str], ...] = ()
     partition_specs: tuple[tuple[int, Spec], ...] = ()
     status: str = "optimal"
@@ -111,10 +109,23 @@ class LayerProfile:
     def time_s(self) -> float:
         return self.forward_s + self.backward_s
 
+    @property
+    def state_bytes(self) -> float:
+        return self.memory.state
+
+    @property
+    def activation_bytes(self) -> float:
+        return self.memory.activations
+
+    @property
+    def temp_bytes(self) -> float:
+        return self.memory.temporaries
+
     @classmethod
     def infeasible(cls, reason: str) -> "LayerProfile":
         inf = float("inf")
-        return cls(inf, inf, inf, inf, inf, inf, inf, inf, feasible=False, status="heuristic", reason=reason)
+        return cls(inf, inf, inf, inf, inf, inf, MemoryBreakdown(inf, inf, inf, inf, inf), feasible=False,
+                   status="heuristic", reason=reason)
 
     @classmethod
     def from_sharding(cls, plan: ShardingPlan, view: LayerView) -> "LayerProfile":
@@ -124,7 +135,7 @@ class LayerProfile:
         return cls(
             forward_s=c.forward_s, backward_s=c.backward_s, update_s=c.update_s,
             compute_s=c.compute_s, communication_s=c.communication_s, resharding_s=c.resharding_s,
-            state_bytes=max(c.memory_bytes - c.activation_bytes, 0.0), activation_bytes=c.activation_bytes,
+            memory=c.memory,
             strategies=tuple((node_pos[n], s) for n, s in plan.strategies if n in node_pos),
             partition_specs=tuple((tensor_pos[t], s) for t, s in plan.partition_specs if t in tensor_pos),
             status=plan.status,
@@ -328,6 +339,12 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
         prefix = np.concatenate([np.zeros((1, num_meshes)), np.cumsum(values, axis=0)])
         return prefix[None, :, :] - prefix[:, None, :]  # [k, j, m] = sum over [k, j)
 
+    def range_maxima(values: np.ndarray) -> np.ndarray:
+        out = np.zeros((num_layers + 1, num_layers + 1, num_meshes))
+        for k in range(num_layers):
+            out[k, k + 1:] = np.maximum.accumulate(values[k:], axis=0)
+        return out  # [k, j, m] = max over [k, j)
+
     blocked = range_sums(bad) > 0
     valid = np.triu(np.ones((num_layers + 1, num_layers + 1), bool), k=1)[:, :, None] & ~blocked
     recv = np.zeros((num_layers + 1, num_layers + 1, num_meshes))
@@ -358,13 +375,7 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
         update_s=finish(range_sums(grid("update_s")) + step_recv),
         state_bytes=finish(range_sums(grid("state_bytes"))),
         activation_bytes=finish(range_sums(grid("activation_bytes"))),
+        temp_bytes=finish(range_maxima(grid("temp_bytes"))),
         layer_work_s=np.where(np.isfinite(work), work, 0.0),
     )
 
-
-def stage_breakdown(table: ProfileTable, start: int, stop: int, mesh: int) -> Mapping[str, float]:
-    """Summed layer figures of one stage (for the plan's per-stage costs)."""
-    rows = [table.profiles[l][mesh] for l in range(start, stop)]
-    fields = ("forward_s", "backward_s", "update_s", "compute_s", "communication_s", "resharding_s",
-              "state_bytes", "activation_bytes")
-    return {f: float(sum(getattr(p, f) for p in rows)) for f in fields}

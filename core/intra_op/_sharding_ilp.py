@@ -51,6 +51,16 @@ class IlpProblem:
     memory: tuple[tuple[float, ...], ...] | None = None
     memory_limit: float | None = None
     constant: float = 0.0
+    # Transient bytes of one operator while it runs: (constant, ((group, option, bytes), ...)).  The peak is
+    # the memory rows plus the largest of these.
+    working_sets: tuple[tuple[float, tuple[tuple[int, int, float], ...]], ...] = ()
+
+
+def peak_memory(problem: IlpProblem, choice: Sequence[int]) -> float:
+    """The memory rows of one assignment plus its largest working set (what the memory limit bounds)."""
+    used = sum(problem.memory[g][k] for g, k in enumerate(choice)) if problem.memory else 0.0
+    return used + max((c + sum(b for g, k, b in terms if choice[g] == k) for c, terms in problem.working_sets),
+                      default=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,10 +111,8 @@ def _feasible_fixed(problem: IlpProblem, choice: Sequence[int]) -> bool:
     for eq in problem.equal:
         if eq.a_key[choice[eq.a]] != eq.b_key[choice[eq.b]]:
             return False
-    if problem.memory is not None and problem.memory_limit is not None:
-        used = sum(problem.memory[g][k] for g, k in enumerate(choice))
-        if used > problem.memory_limit * (1 + 1e-9):
-            return False
+    if problem.memory_limit is not None and peak_memory(problem, choice) > problem.memory_limit * (1 + 1e-9):
+        return False
     return True
 
 
@@ -127,6 +135,13 @@ def _solve_pulp(problem: IlpProblem, allowed: list[tuple[int, ...]], time_limit_
         if len(allowed[g]) == 1:
             return 1.0 if allowed[g][0] in options else 0.0
         return pulp.lpSum(x[g, k] for k in options if (g, k) in x)
+
+    def memory_rows():
+        """The memory rows of the assignment, in megabytes (an expression plus a constant)."""
+        mem = problem.memory or tuple((0.0,) * len(u) for u in problem.unary)
+        fixed = sum(mem[g][a[0]] for g, a in enumerate(allowed) if len(a) == 1)
+        return _affine([(x[g, k], mem[g][k] / 1e6) for g, a in enumerate(allowed) if len(a) > 1 for k in a]) \
+            + fixed / 1e6
 
     if objective == "cost":
         for g, options in enumerate(allowed):
@@ -167,11 +182,11 @@ def _solve_pulp(problem: IlpProblem, allowed: list[tuple[int, ...]], time_limit_
             for cb, kb in b_classes.items():
                 model += pulp.lpSum(e[ca, cb] for ca in a_classes) == indicator(p.b, kb)
         model += _affine(terms) + constant * _SCALE
-    else:
-        mem = problem.memory or tuple((0.0,) * len(u) for u in problem.unary)
-        model += _affine(
-            [(x[g, k], mem[g][k] / 1e6) for g, options in enumerate(allowed) if len(options) > 1 for k in options]
-        )
+    else:  # the least peak: memory rows plus a bound on every working set
+        largest = pulp.LpVariable("largest_working_set", lowBound=0)
+        for j, ws in enumerate(problem.working_sets):
+            model += _working_set(ws, allowed, x) <= largest, f"working{j}"
+        model += memory_rows() + largest
     for i, eq in enumerate(problem.equal):
         if eq.a == eq.b:
             continue
@@ -184,11 +199,13 @@ def _solve_pulp(problem: IlpProblem, allowed: list[tuple[int, ...]], time_limit_
                     return IlpResult(None, "infeasible", time.perf_counter() - start, len(x), 0)
                 continue
             model += lhs == rhs, f"alias{i}_{j}"
-    if problem.memory is not None and problem.memory_limit is not None and objective == "cost":
-        fixed = sum(problem.memory[g][a[0]] for g, a in enumerate(allowed) if len(a) == 1)
-        expr = pulp.lpSum(problem.memory[g][k] / 1e6 * x[g, k] for g, a in enumerate(allowed)
-                          if len(a) > 1 for k in a)
-        model += expr <= (problem.memory_limit - fixed) / 1e6, "memory"
+    if problem.memory_limit is not None and objective == "cost":
+        # Megabytes keep the coefficients near the costs' scale.
+        limit = problem.memory_limit / 1e6
+        rows = memory_rows()
+        model += rows <= limit, "memory"
+        for j, ws in enumerate(problem.working_sets):
+            model += rows + _working_set(ws, allowed, x) <= limit, f"memory{j}"
     status = _run(model, time_limit_s)
     seconds = time.perf_counter() - start
     num_vars, num_cons = len(model.variables()), len(model.constraints)
@@ -201,6 +218,13 @@ def _solve_pulp(problem: IlpProblem, allowed: list[tuple[int, ...]], time_limit_
         else:
             choice.append(max(options, key=lambda k: x[g, k].value() or 0.0))
     return IlpResult(tuple(choice), status, seconds, num_vars, num_cons)
+
+
+def _working_set(ws, allowed: Sequence[Sequence[int]], x: Mapping) -> object:
+    """One operator's working set in megabytes under the assignment `x`."""
+    constant, terms = ws
+    fixed = constant + sum(b for g, k, b in terms if len(allowed[g]) == 1 and allowed[g][0] == k)
+    return _affine([(x[g, k], b / 1e6) for g, k, b in terms if (g, k) in x]) + fixed / 1e6
 
 
 def _classes(classes: tuple[Hashable, ...], options: Sequence[int]) -> dict[Hashable, list[int]]:

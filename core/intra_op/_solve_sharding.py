@@ -10,17 +10,21 @@ exact cost evaluator for that assignment.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
 from alpaviz.core.cost import Cluster, CostModel, CostModelProtocol, LogicalMesh
-from alpaviz.core.graph import OpGraph, check_int, check_number, gradient_producers, trace
+from alpaviz.core.graph import OpGraph, check_int, check_number, gradient_producers, state_inputs, trace
 from alpaviz.core.intra_op._dim_labels import IDENTITY
+from alpaviz.core.intra_op._memory import MemoryRows, kept_tensors, memory_rows
 from alpaviz.core.intra_op._resharding import plan_resharding, resharding_cost
-from alpaviz.core.intra_op._sharding_ilp import Equal, IlpProblem, PairCost, _feasible_fixed, evaluate, solve
+from alpaviz.core.intra_op._sharding_ilp import (
+    Equal, IlpProblem, PairCost, _feasible_fixed, evaluate, peak_memory, solve,
+)
 from alpaviz.core.intra_op._simplify import Simplified, simplify
 from alpaviz.core.intra_op._strategies import (
-    NAMING_DEVICE, Strategy, enumerate_strategies, shard_bytes, strategy_names, tensor_bytes,
+    NAMING_DEVICE, Strategy, enumerate_strategies, strategy_names, tensor_bytes,
 )
 from alpaviz.core.plan import Pins, ShardingCost, ShardingPlan, Spec, check_spec, replicated, spec_name
 
@@ -84,7 +88,7 @@ def solve_sharding(
     pinned = frozenset(n for n in pins.strategy_map if n in set(node_names))
     simp = simplify(graph, node_names, mesh, cost_model, cluster.device, pinned, merge_followers)
     weights = StepWeights(graph, node_names, num_microbatches)
-    problem, restrictions, kept = _assemble(graph, simp, mesh, cost_model, pins, memory_limit_bytes, weights)
+    problem, restrictions, memory = _assemble(graph, simp, mesh, cost_model, pins, memory_limit_bytes, weights)
     result = solve(problem, time_limit_s)
     if result.status == "no_solution":
         result = _fallback(problem, result)
@@ -95,7 +99,7 @@ def solve_sharding(
         )
     if result.choice is None:
         raise _diagnose(problem, restrictions, memory_limit_bytes, time_limit_s, mesh)
-    return _plan(graph, simp, mesh, cost_model, problem, kept, result, time.perf_counter() - start, weights)
+    return _plan(graph, simp, mesh, cost_model, problem, memory, result, time.perf_counter() - start, weights)
 
 
 def solve_sharding_auto(
@@ -260,18 +264,12 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
             equal.append(Equal(simp.group_of_tensor[param], simp.group_of_tensor[updated],
                                simp.tensor_specs[param], simp.tensor_specs[updated]))
     restrictions = _restrictions(graph, simp, pins)
-    kept = _kept_tensors(graph, simp)
-    memory = [[0.0] * g.num_options for g in simp.groups]
-    for t in kept["all"]:
-        g = simp.group_of_tensor[t]
-        info = graph.tensor(t)
-        for k, spec in enumerate(simp.tensor_specs[t]):
-            memory[g][k] += shard_bytes(info, spec, mesh)
+    memory = memory_rows(graph, simp, kept_tensors(graph, simp, state_inputs(graph)), mesh)
     allowed = _allowed(simp, restrictions)
     constant = sum(weights.strategy(n, simp.strategies[n][0]) for n in simp.constant_nodes)
     problem = IlpProblem(tuple(map(tuple, unary)), allowed, tuple(pairs), tuple(equal),
-                         tuple(map(tuple, memory)), memory_limit, constant)
-    return problem, restrictions, kept
+                         memory.linear, memory_limit, constant, memory.working_sets)
+    return problem, restrictions, memory
 
 
 class _Resharder:
@@ -315,42 +313,9 @@ def _allowed(simp: Simplified, restrictions) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(sorted(a)) for a in allowed)
 
 
-def _kept_tensors(graph: OpGraph, simp: Simplified) -> dict[str, list[str]]:
-    """Tensors that live across the step, each counted once.
-
-    Activations: forward values (made here or by an earlier stage) that a
-    backward operator here reads, kept per microbatch.  Gradients: backward
-    values an update reads.  Inputs: the step's arguments (parameters,
-    optimizer state, batch) and anything else this sub-graph receives.
-    This sums them rather than tracking liveness, so it bounds the peak from above.
-    """
-    readers: dict[str, set[str]] = {}
-    for name in simp.nodes:
-        node = graph.node(name)
-        for raw in node.inputs:
-            t = simp.resolve(raw)
-            if t in simp.group_of_tensor and not simp.is_free(graph, t):
-                readers.setdefault(t, set()).add(node.role)
-    here = set(simp.nodes)
-    inputs, grads, acts = [], [], []
-    for t, roles in readers.items():
-        info = graph.tensor(t)
-        made_by = graph.node(info.producer).role if info.producer else None
-        if made_by == "forward" and "backward" in roles:
-            acts.append(t)
-        elif made_by == "backward" and "update" in roles:
-            grads.append(t)
-        elif info.producer is None or info.producer not in here:
-            inputs.append(t)
-    return {"all": inputs + grads + acts, "activations": acts}
-
-
 def _fallback(problem: IlpProblem, result):
     """When the time limit stops the solver empty-handed: the first allowed option everywhere (replicated
     unless pinned), if it satisfies the constraints, marked "heuristic"."""
-    import dataclasses
-
-
     choice = tuple(a[0] if a else 0 for a in problem.allowed)
     if all(problem.allowed) and _feasible_fixed(problem, choice):
         return dataclasses.replace(result, choice=choice, status="heuristic")
@@ -363,12 +328,10 @@ def _fallback(problem: IlpProblem, result):
 def _diagnose(problem: IlpProblem, restrictions, memory_limit: float | None, time_limit_s: float,
               mesh: LogicalMesh) -> ShardingInfeasibleError:
     """Say whether the memory limit or which pins make the problem infeasible."""
-    import dataclasses
-
     free_memory = dataclasses.replace(problem, memory_limit=None)
     if memory_limit is not None and solve(free_memory, time_limit_s).choice is not None:
         lowest = solve(free_memory, time_limit_s, objective="memory")
-        need = sum(problem.memory[g][k] for g, k in enumerate(lowest.choice)) if lowest.choice else float("nan")
+        need = peak_memory(problem, lowest.choice) if lowest.choice else float("nan")
         return ShardingInfeasibleError.memory(
             need,
             f"memory limit of {memory_limit:.4g} bytes per device is below the {need:.4g} bytes that even the "
@@ -401,7 +364,7 @@ def _diagnose(problem: IlpProblem, restrictions, memory_limit: float | None, tim
 
 
 def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostModelProtocol,
-          problem: IlpProblem, kept, result, seconds: float, weights: StepWeights) -> ShardingPlan:
+          problem: IlpProblem, memory_model: MemoryRows, result, seconds: float, weights: StepWeights) -> ShardingPlan:
     choice = result.choice
     reshard = _Resharder(graph, mesh, cost_model)
     strategies: list[tuple[str, str]] = []
@@ -449,10 +412,9 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
         for t in graph.inputs + graph.outputs:
             if t not in specs:
                 specs[t] = spec_of(t) if t in simp.group_of_tensor else replicated(len(graph.tensor(t).shape))
-    memory = sum(shard_bytes(graph.tensor(t), spec_of(t), mesh) for t in kept["all"])
-    activations = sum(shard_bytes(graph.tensor(t), spec_of(t), mesh) for t in kept["activations"])
+    memory = memory_model.breakdown(choice)
     cost = ShardingCost(compute, comm, resharding, by_role["forward"], by_role["backward"], by_role["update"],
-                        memory, activations)
+                        memory.peak, memory.activations, memory)
     notes = (f"{len(simp.groups)} decision groups from {simp.nodes_before} operators",)
     return ShardingPlan(
         mesh_shape=tuple(mesh.shape),  # type: ignore[arg-type]

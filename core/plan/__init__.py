@@ -14,6 +14,7 @@ from alpaviz.core.plan._spec import to_partition_spec as to_partition_spec
 from alpaviz.core.plan._serde import MAX_DOCUMENT_BYTES as MAX_DOCUMENT_BYTES
 from alpaviz.core.plan._serde import PlanFormatError as PlanFormatError
 from alpaviz.core.plan._pins import Pins as Pins
+from alpaviz.core.plan._memory import MemoryBreakdown as MemoryBreakdown
 from alpaviz.core.plan._plan import Layer as Layer
 from alpaviz.core.plan._plan import Plan as Plan
 from alpaviz.core.plan._plan import PredictedCost as PredictedCost
@@ -44,6 +45,7 @@ __all__ = [
     "make_spec",
     "manual_plan",
     "megatron_specs",
+    "MemoryBreakdown",
     "Pins",
     "Plan",
     "PlanFormatError",

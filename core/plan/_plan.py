@@ -14,6 +14,7 @@ from typing import Literal, Mapping
 
 from alpaviz.core.cost import Cluster, CostModel
 from alpaviz.core.graph import OpGraph, check_int, check_number
+from alpaviz.core.plan._memory import MemoryBreakdown
 from alpaviz.core.plan._pins import Pins
 from alpaviz.core.plan._serde import PlanFormatError, from_jsonable, load_json, to_jsonable
 from alpaviz.core.plan._spec import Spec, check_spec, spec_name
@@ -40,7 +41,12 @@ class Layer:
 
 @dataclasses.dataclass(frozen=True)
 class StageCost:
-    """Predicted cost of one stage for one microbatch, and its per-device memory."""
+    """Predicted cost of one stage for one microbatch, and its per-device memory.
+
+    `memory_bytes` is the stage's predicted peak (`memory.peak`: state, the
+    activations of the microbatches the schedule keeps in flight, and the
+    largest operator's working set); `memory` splits it.
+    """
 
     forward_s: float
     backward_s: float
@@ -50,10 +56,12 @@ class StageCost:
     resharding_s: float
     memory_bytes: float
     activation_bytes: float = 0.0
+    memory: MemoryBreakdown = MemoryBreakdown()
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
-            check_number(f"stage cost {field.name}", getattr(self, field.name), minimum=0, allow_inf=True)
+            if field.name != "memory":
+                check_number(f"stage cost {field.name}", getattr(self, field.name), minimum=0, allow_inf=True)
 
     @property
     def microbatch_s(self) -> float:

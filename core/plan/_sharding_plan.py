@@ -5,13 +5,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
+from alpaviz.core.plan._memory import MemoryBreakdown
 from alpaviz.core.plan._plan import SolverStatus
 from alpaviz.core.plan._spec import Spec
 
 
 @dataclasses.dataclass(frozen=True)
 class ShardingCost:
-    """Predicted per-microbatch times by role and category, and per-device memory."""
+    """Predicted per-microbatch times by role and category, and per-device memory.
+
+    `memory_bytes` is the peak with one microbatch in flight (`memory.peak`);
+    `activation_bytes` what one microbatch keeps for its backward pass.
+    """
 
     compute_s: float
     communication_s: float
@@ -21,6 +26,7 @@ class ShardingCost:
     update_s: float
     memory_bytes: float
     activation_bytes: float
+    memory: MemoryBreakdown = MemoryBreakdown()
 
     @property
     def total_s(self) -> float:

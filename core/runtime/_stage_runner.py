@@ -228,6 +228,36 @@ class StageRunner:
             f"(microbatch {microbatch}); the instruction list is out of order"
         )
 
+    def whole_step_memory(self) -> Any:
+        """XLA's memory analysis of this stage's whole step for one microbatch, compiled as one program.
+
+        Every task of the stage in one executable, its outputs only what
+        leaves the stage (the step's results, values other stages read), the
+        replaced state donated; nothing is allocated or run.
+        """
+        roles = tuple(self.tasks)
+        tasks = [self.tasks[r] for r in roles]
+        names = {n for task in tasks for n in task.nodes}
+        nodes = tuple(node for node in self.graph.nodes if node.name in names)
+        produced = {t for node in nodes for t in node.outputs}
+        inputs = tuple(dict.fromkeys(t for task in tasks for t in task.inputs if t not in produced))
+        members = {(self.index, r) for r in roles}
+        outputs = tuple(dict.fromkeys(
+            t for task in tasks for t in task.outputs
+            if t in self._graph_outputs or self._readers.get(t, set()) - members
+        ))
+        replaced = {self.aliases[t] for t in outputs if t in self.aliases}
+        donated = tuple(t for t in inputs if t in replaced)
+        group = _Group(roles, nodes, inputs, outputs, (), donated)
+        fn = self._build(group)
+
+        def abstract(t: str) -> jax.ShapeDtypeStruct:
+            info = self.graph.tensor(t)
+            return jax.ShapeDtypeStruct(info.shape, np.dtype(info.dtype), sharding=self.sharding(t))
+
+        kept = tuple(abstract(t) for t in inputs if t not in replaced)
+        return fn.lower(tuple(abstract(t) for t in donated), kept, ()).compile().memory_analysis()
+
     def compiled_text(self, roles: tuple[str, ...] | str) -> str:
         """The optimized HLO of a task (or fused group) that has run, e.g. to count its collectives."""
         roles = (roles,) if isinstance(roles, str) else tuple(roles)

@@ -29,9 +29,11 @@ def _random_table(num_layers, cluster, seed, additive=False):
     state = rng.uniform(1.0, 4.0, shape) * (np.arange(num_layers + 1)[None, :, None] - np.arange(num_layers + 1)[:, None, None])
     state = state / devices[None, None, :]
     act = rng.uniform(0.1, 1.0, shape)
+    temp = rng.uniform(0.0, 1.5, shape)  # the largest operator's working set: a stage's max, not a sum
     valid = np.triu(np.ones(shape[:2], bool), k=1)[:, :, None]
     finish = lambda a: np.where(valid, a, np.inf)  # noqa: E731
-    return StageCostTable(meshes, finish(time), finish(update), finish(state), finish(act))
+    return StageCostTable(meshes, finish(time), finish(update), finish(state), finish(act),
+                          temp_bytes=finish(temp))
 
 
 def _brute_force(table, num_devices, B, schedule, limit, constraints=StageConstraints()):
@@ -59,7 +61,8 @@ def _brute_force(table, num_devices, B, schedule, limit, constraints=StageConstr
                 for i, m in enumerate(meshes):
                     k, j = bounds[i], bounds[i + 1]
                     q = in_flight(i, n, B, schedule)
-                    if table.state_bytes[k, j, m] + q * table.activation_bytes[k, j, m] > limit:
+                    need = table.state_bytes[k, j, m] + q * table.activation_bytes[k, j, m] + table.temp_bytes[k, j, m]
+                    if need > limit:
                         ok = False
                         break
                     times.append(table.time_s[k, j, m])
