@@ -8,7 +8,9 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from alpaviz.widgets._view_model import CostView, GanttBar, GraphView, ShardingRow, node_size
+from alpaviz.widgets._view_model import (
+    MEMORY_PARTS, CostView, GanttBar, GraphView, ShardingRow, byte_unit, node_size,
+)
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6")
 KIND_COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "update": "#54A24B"}
@@ -85,19 +87,36 @@ def gantt_figure(predicted: Sequence[GanttBar], measured: Sequence[GanttBar] = (
 
 
 def cost_figure(cost: CostView) -> go.Figure:
-    """Step-time breakdown and per-stage memory against the device limit."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("step time (ms)", "memory per device (GiB)"))
+    """Step-time breakdown, and each stage's memory split by what it holds, against the device limit.
+
+    The memory axis is in the unit that fits the largest stage; a limit far
+    above every stage is written in the title instead of stretching the axis.
+    """
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("step time (ms)", "memory per device"))
     names = [n for n, _ in cost.breakdown]
-    fig.add_trace(go.Bar(x=names, y=[v * 1e3 for _, v in cost.breakdown], marker_color=PALETTE[:len(names)]),
-                  row=1, col=1)
+    fig.add_trace(go.Bar(x=names, y=[v * 1e3 for _, v in cost.breakdown], marker_color=PALETTE[:len(names)],
+                         showlegend=False), row=1, col=1)
+    largest = max((m for _, m in cost.memory_per_stage), default=0.0)
+    unit, size = byte_unit(max(largest, 1.0))
     stages = [f"stage {s}" for s, _ in cost.memory_per_stage]
-    fig.add_trace(go.Bar(x=stages, y=[m / 2**30 for _, m in cost.memory_per_stage],
-                         text=[f"{m / 2**30:.3g} GiB" for _, m in cost.memory_per_stage], textposition="outside",
-                         marker_color=["#E45756" if m > cost.memory_limit_bytes else "#54A24B"
-                                       for _, m in cost.memory_per_stage]), row=1, col=2)
-    fig.add_hline(y=cost.memory_limit_bytes / 2**30, line_dash="dash", line_color="#E45756", row=1, col=2)
-    _layout(fig, cost.headline, 280)
-    fig.update_layout(margin=dict(l=40, r=10, t=70, b=30))
+    parts = dict(cost.memory_parts)
+    for k, part in enumerate(MEMORY_PARTS):
+        values = [dict(parts.get(s, ())).get(part, 0.0) / size for s, _ in cost.memory_per_stage]
+        fig.add_trace(go.Bar(x=stages, y=values, name=part, marker_color=PALETTE[(k + 4) % len(PALETTE)],
+                             hovertemplate=f"%{{x}}: {part} %{{y:.3g}} {unit}<extra></extra>"), row=1, col=2)
+    fig.add_trace(go.Scatter(
+        x=stages, y=[m / size for _, m in cost.memory_per_stage], mode="text", showlegend=False,
+        text=[f"{m / size:.3g} {unit}" + (" over!" if m > cost.memory_limit_bytes else "")
+              for _, m in cost.memory_per_stage], textposition="top center"), row=1, col=2)
+    limit = cost.memory_limit_bytes
+    if limit <= 2 * largest:
+        fig.add_hline(y=limit / size, line_dash="dash", line_color="#E45756", row=1, col=2)
+    fig.update_yaxes(title_text=unit, row=1, col=2)
+    limit_unit, limit_size = byte_unit(limit)
+    fig.layout.annotations[1].text = f"memory per device (limit {limit / limit_size:.3g} {limit_unit})"
+    _layout(fig, cost.headline, 300)
+    fig.update_layout(barmode="stack", margin=dict(l=40, r=10, t=70, b=30), showlegend=True,
+                      legend=dict(orientation="h", y=-0.25))
     return fig
 
 

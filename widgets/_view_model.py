@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Iterable, Literal, Sequence
 
-from alpaviz.core import OpGraph, Pins, Plan, Spec, Timeline, shard_shape, spec_name
+from alpaviz.core import MemoryBreakdown, OpGraph, Pins, Plan, Spec, Timeline, shard_shape, spec_name
 
 CutPin = Literal["cut", "no_cut"] | None
 GraphLevel = Literal["layer", "op"]
@@ -371,6 +371,8 @@ class CostView:
     memory_limit_bytes: float
     previous_step_time_s: float | None
     solver_status: str
+    # per stage: (part, bytes per device) for parameters, optimizer state, gradients, activations, temporaries
+    memory_parts: tuple[tuple[int, tuple[tuple[str, float], ...]], ...] = ()
 
     @property
     def delta_s(self) -> float | None:
@@ -398,7 +400,26 @@ def cost_view(plan: Plan, previous: Plan | None = None) -> CostView:
     return CostView(
         p.step_time_s, breakdown, tuple((s.index, s.cost.memory_bytes) for s in plan.stages),
         p.memory_limit_bytes, None if previous is None else previous.predicted.step_time_s, plan.solver.status,
+        tuple((s.index, memory_parts(s.cost.memory)) for s in plan.stages),
     )
+
+
+MEMORY_PARTS = ("parameters", "optimizer state", "gradients", "activations in flight", "temporaries")
+
+
+def memory_parts(memory: MemoryBreakdown) -> tuple[tuple[str, float], ...]:
+    """A stage's peak split as the memory chart stacks it (activations times the microbatches in flight)."""
+    values = (memory.params, memory.optimizer_state, memory.gradients, memory.in_flight * memory.activations,
+              memory.temporaries)
+    return tuple(zip(MEMORY_PARTS, values))
+
+
+def byte_unit(largest: float) -> tuple[str, float]:
+    """The binary unit in which `largest` reads as a number from 1 to 1023 (B, KiB, MiB, GiB, TiB)."""
+    for name, size in (("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):
+        if largest >= size:
+            return name, size
+    return "B", 1.0
 
 
 def plan_headline(plan: Plan) -> str:

@@ -1,5 +1,6 @@
 """The editor's view model, edits and session, on a traced tiny GPT and hand-made plans."""
 
+import dataclasses
 import functools
 
 import pytest
@@ -222,3 +223,28 @@ def test_session_save_and_load_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text("{oops")
     bad = other.load(str(tmp_path / "bad.json"))
     assert not bad.ok and "not valid JSON" in bad.message and other.plan.stage_cuts == (2,)
+
+
+def test_memory_chart_stacks_each_stages_parts_in_a_unit_that_fits():
+    from alpaviz.core import MemoryBreakdown
+    from alpaviz.widgets import _figures as F
+
+    graph = tiny_graph()
+    plan = hand_plan(graph)
+    parts = MemoryBreakdown(params=3e6, optimizer_state=6e6, gradients=3e6, activations=2e6, temporaries=1e6,
+                            in_flight=2)
+    stages = tuple(dataclasses.replace(s, cost=dataclasses.replace(s.cost, memory_bytes=parts.peak, memory=parts))
+                   for s in plan.stages)
+    plan = dataclasses.replace(plan, stages=stages)
+    view = vm.cost_view(plan)
+    split = dict(dict(view.memory_parts)[0])
+    assert split["activations in flight"] == 2 * 2e6  # per microbatch x in flight
+    assert sum(split.values()) == pytest.approx(dict(view.memory_per_stage)[0])
+    fig = F.cost_figure(view)
+    bars = {t.name: t for t in fig.data if t.type == "bar" and t.name}
+    assert set(bars) == set(vm.MEMORY_PARTS) and fig.layout.barmode == "stack"
+    # 21 MB per device against a 40 GB limit: MiB on the axis, no limit line stretching it, the limit in the title.
+    assert bars["optimizer state"].y[0] == pytest.approx(6e6 / 2**20)
+    assert fig.layout.yaxis2.title.text == "MiB" and not fig.layout.shapes
+    assert "limit 37.3 GiB" in fig.layout.annotations[1].text
+    assert vm.byte_unit(512) == ("B", 1.0) and vm.byte_unit(3 * 2**30)[0] == "GiB"
