@@ -9,6 +9,7 @@ editor's click-to-plan path).
     python benchmarks/bench_plan.py                 # every case
     python benchmarks/bench_plan.py --suite gpt --cases 1.3B,39B
     python benchmarks/bench_plan.py --stage-cost analytic
+    python benchmarks/bench_plan.py --suite gpt --search-microbatches   # B chosen per case
 """
 
 from __future__ import annotations
@@ -50,11 +51,36 @@ def cluster_for(gpus: int) -> av.Cluster:
     return av.Cluster.a100_node(gpus // 8)
 
 
-def build(case: Case, microbatch: int | None = None):
+def build(case: Case, microbatch: int | None = None, traced: bool = True):
+    """The case's step traced at one microbatch, or (traced=False) the step and its abstract arguments."""
     maker = {"gpt": av.models.gpt, "moe": av.models.moe, "wresnet": av.models.wresnet}[case.suite]
     size = microbatch or case.microbatch
     step, params, batch = maker(case.size, batch_size=size, abstract=True, dtype=jnp.float16)
-    return av.trace(step, params, batch)
+    return av.trace(step, params, batch) if traced else (step, params, batch)
+
+
+def run_searched(case: Case, stage_cost, tolerance: float, workers: int) -> dict:
+    """The case with the microbatch count searched over the divisors of the global batch, plan and grid alike."""
+    step, params, batch = build(case, case.global_batch, traced=False)
+    cluster = cluster_for(case.gpus)
+    options = dict(cluster=cluster, num_microbatches="auto", global_batch_argnums=(1,), stage_cost=stage_cost,
+                   cache=av.StageProfileCache())
+    started = time.perf_counter()
+    try:
+        plan = av.solve(step, params, batch, progress=False, tolerance=tolerance, workers=workers, **options)
+    except av.ModelTooLargeError as err:
+        return {"case": case, "error": str(err)}
+    row = {"case": case, "plan": plan, "seconds": time.perf_counter() - started,
+           "layers": len(plan.layers), "B": plan.schedule.num_microbatches}
+    try:
+        row["grid"] = av.baselines.megatron_grid(step, params, batch, **options)
+    except ValueError as err:
+        row["grid_error"] = str(err)
+    try:
+        row["dp"] = av.baselines.data_parallel(step, params, batch, progress=False, **options)
+    except ValueError as err:
+        row["dp_error"] = str(err)[:160]
+    return row
 
 
 def describe(plan: av.Plan) -> str:
@@ -136,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance", type=float, default=0.0, help="relative t_max gap the DP may skip")
     parser.add_argument("--workers", type=int, default=2, help="processes that profile layers (2 cores: 2)")
     parser.add_argument("--no-resolve", action="store_true", help="skip the re-solve-after-a-pin line")
+    parser.add_argument("--search-microbatches", action="store_true",
+                        help="search the microbatch count over the divisors of the global batch (plan, grid "
+                             "and data parallel alike) instead of fixing the microbatch at 8")
     args = parser.parse_args(argv)
     stage_cost = analytic_stage_cost if args.stage_cost == "analytic" else default_stage_cost()
     wanted = {s for s in args.cases.split(",") if s}
@@ -146,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     lost = []
     for case in cases:
-        row = run_case(case, stage_cost, args.tolerance, args.workers)
+        run = run_searched if args.search_microbatches else run_case
+        row = run(case, stage_cost, args.tolerance, args.workers)
         name = f"{case.suite}-{case.size}"
         if "error" in row:
             print(f"{name:<14}{case.gpus:>5}  does not fit: {row['error'][:120]}")

@@ -15,15 +15,18 @@ removed, so it is priced by exactly the same stage profiles:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from alpaviz.core.cost import Cluster
-from alpaviz.core.graph import OpGraph, trace
+from alpaviz.core.graph import OpGraph, microbatch_args, trace
 from alpaviz.core.inter_op._data_parallel import data_parallel_pins
 from alpaviz.core.inter_op._layer_clustering import cluster_layers
+from alpaviz.core.inter_op._microbatch_search import best_over_microbatches, global_batch_size, microbatch_counts
 from alpaviz.core.inter_op._solve import InfeasiblePinsError, evaluate_stages, prepare, solve
 from alpaviz.core.inter_op._stage_cost import StageCostFn, analytic_stage_cost, default_stage_cost
 from alpaviz.core.inter_op._stage_dp import MeshChoice, StageChoice
+from alpaviz.core.inter_op._stage_profile import StageProfileCache
 from alpaviz.core.plan import Pins, Plan
 
 
@@ -50,6 +53,32 @@ def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return setup, run
 
 
+def _at_microbatch_size(baseline: Callable[..., Plan], fn_or_graph, args: tuple, options: dict[str, Any],
+                        what: str) -> tuple[tuple, Plan | None]:
+    """Apply `global_batch_argnums` to `args`; with `num_microbatches="auto"`, the best count's plan.
+
+    Returns (args at microbatch size, None) when the count is given, or
+    (args, the searched plan) when it is "auto".
+    """
+    argnums = tuple(options.pop("global_batch_argnums", ()))
+    count = options.get("num_microbatches", 1)
+    if count == "auto":
+        if isinstance(fn_or_graph, OpGraph):
+            raise ValueError(f"the {what} with num_microbatches='auto' needs the step function and its "
+                             f"global-batch arguments (with global_batch_argnums), not an OpGraph")
+        options.setdefault("cache", StageProfileCache())
+        search = {k: v for k, v in options.items() if k != "num_microbatches"}
+        plan = best_over_microbatches(
+            lambda b: baseline(fn_or_graph, *args, num_microbatches=b, global_batch_argnums=argnums, **search),
+            microbatch_counts(global_batch_size(args, argnums)), what)
+        return args, plan
+    if argnums:
+        if isinstance(fn_or_graph, OpGraph):
+            raise ValueError("global_batch_argnums needs the step function and its arguments, not an OpGraph")
+        args = microbatch_args(args, argnums, count)
+    return args, None
+
+
 def _mesh_index(meshes, submesh: tuple[int, int], logical: tuple[int, int]) -> int:
     return next(i for i, m in enumerate(meshes) if m.submesh == submesh and m.logical_shape == logical)
 
@@ -59,6 +88,11 @@ def data_parallel(
     stage_cost: StageCostFn | None = None, num_layers: int | None = None, **options: Any,
 ) -> Plan:
     """Pure data parallelism on every device (raises ModelTooLargeError when the replicas do not fit)."""
+    args, searched = _at_microbatch_size(
+        functools.partial(data_parallel, cluster=cluster, stage_cost=stage_cost, num_layers=num_layers),
+        fn_or_graph, args, options, "data-parallel baseline")
+    if searched is not None:
+        return searched
     graph = _graph(fn_or_graph, args, num_layers)
     fn = stage_cost if stage_cost is not None else default_stage_cost()
     setup_options, run = _split(options)
@@ -126,8 +160,16 @@ def megatron_grid(
 
     Priced from the same stage profiles as `solve` (pass the same `cache`).
     Configurations that do not fit in memory or cannot split the batch are
-    skipped; if none fits, the last reason is raised.
+    skipped; if none fits, the last reason is raised.  Like `solve`, it
+    takes `global_batch_argnums` and `num_microbatches="auto"`.
     """
+    if return_all and options.get("num_microbatches") == "auto":
+        raise ValueError("return_all=True lists one microbatch count's grid; give num_microbatches as an int")
+    args, searched = _at_microbatch_size(
+        functools.partial(megatron_grid, cluster=cluster, stage_cost=stage_cost, num_layers=num_layers),
+        fn_or_graph, args, options, "Megatron grid")
+    if searched is not None:
+        return searched
     graph = _graph(fn_or_graph, args, num_layers)
     fn = stage_cost if stage_cost is not None else default_stage_cost()
     setup_options, run = _split(options)

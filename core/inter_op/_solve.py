@@ -11,12 +11,13 @@ import functools
 import math
 import operator
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from alpaviz.core.cost import Cluster, CostModel
 from alpaviz.core.graph import OpGraph, check_int, check_number, microbatch_args, trace
 from alpaviz.core.inter_op._layer_clustering import cluster_layers
 from alpaviz.core.inter_op._measure import measured_stage_cost
+from alpaviz.core.inter_op._microbatch_search import best_over_microbatches, global_batch_size, microbatch_counts
 from alpaviz.core.inter_op._pin_check import (
     InfeasiblePinsError, ModelTooLargeError, check_intra_op_pins, check_pins, constraints_from_pins, diagnose,
 )
@@ -39,7 +40,7 @@ def solve(
     *args: Any,
     cluster: Cluster,
     cost_model: CostModel | None = None,
-    num_microbatches: int = 1,
+    num_microbatches: int | Literal["auto"] = 1,
     schedule: ScheduleKind = "1f1b",
     pins: Pins | None = None,
     memory_limit: float | None = None,
@@ -66,7 +67,9 @@ def solve(
     pin moves only what it must.  `workers` > 1 profiles in that many
     processes.  The traced batch is one microbatch; with
     `global_batch_argnums=(1,)` the given batch argument is the global batch
-    instead, and its dim 0 is divided by `num_microbatches` before tracing.
+    instead, and its dim 0 is divided by `num_microbatches` before tracing;
+    then `num_microbatches="auto"` tries every count that divides the global
+    batch and keeps the fastest plan (a count in `pins` fixes it instead).
 
     Example:
         >>> cache = av.StageProfileCache()
@@ -78,6 +81,20 @@ def solve(
     if pins is not None and not isinstance(pins, Pins):
         raise TypeError(f"pins must be an av.Pins, got {type(pins).__name__}")
     pins = Pins() if pins is None else pins
+    if pins.num_microbatches is not None:
+        num_microbatches = pins.num_microbatches
+    if num_microbatches == "auto":
+        if isinstance(fn_or_graph, OpGraph):
+            raise ValueError("num_microbatches='auto' needs the step function and its global-batch arguments "
+                             "(with global_batch_argnums), not an OpGraph")
+        cache = StageProfileCache() if cache is None else cache  # shared by every count
+        options = dict(cluster=cluster, cost_model=cost_model, schedule=schedule, pins=pins,
+                       memory_limit=memory_limit, cache=cache, progress=False, num_layers=num_layers,
+                       stage_cost=stage_cost, profile=profile, submeshes=submeshes, tolerance=tolerance,
+                       previous=previous, workers=workers, global_batch_argnums=global_batch_argnums)
+        counts = microbatch_counts(global_batch_size(args, global_batch_argnums))
+        return best_over_microbatches(
+            lambda b: solve(fn_or_graph, *args, num_microbatches=b, **options), counts, "plan", progress)
     Schedule(schedule, num_microbatches)  # the kind and count, checked before any work
     if global_batch_argnums:
         if isinstance(fn_or_graph, OpGraph):

@@ -38,12 +38,15 @@ class Pins:
     stage_logical_meshes: tuple[tuple[int, Shape2], ...] = ()
     strategies: tuple[tuple[str, str], ...] = ()
     partition_specs: tuple[tuple[str, Spec], ...] = ()
+    num_microbatches: int | None = None
 
     def __post_init__(self) -> None:
         for cut in tuple(self.stage_cuts) + tuple(self.forbidden_cuts):
             check_int("a pinned cut (the layer where a stage starts)", cut)
         if self.num_stages is not None:
             check_int("num_stages", self.num_stages)
+        if self.num_microbatches is not None:
+            check_int("the pinned number of microbatches", self.num_microbatches, minimum=1)
         for stage, shape in tuple(self.stage_submeshes) + tuple(self.stage_logical_meshes):
             check_int("a pinned stage index", stage)
             if not isinstance(shape, (tuple, list)) or len(shape) != 2:
@@ -105,6 +108,8 @@ class Pins:
         lines += [f"no cut before layer {c}" for c in self.forbidden_cuts]
         if self.num_stages is not None:
             lines.append(f"{self.num_stages} stages")
+        if self.num_microbatches is not None:
+            lines.append(f"{self.num_microbatches} microbatches")
         lines += [f"stage {s} on submesh {m}" for s, m in self.stage_submeshes]
         lines += [f"stage {s} logical mesh {m}" for s, m in self.stage_logical_meshes]
         lines += [f"{n} uses {s!r}" for n, s in self.strategies]
@@ -136,6 +141,10 @@ class Pins:
 
     def with_num_stages(self, num_stages: int | None) -> "Pins":
         return self._replace(num_stages=num_stages)
+
+    def with_num_microbatches(self, num_microbatches: int | None) -> "Pins":
+        """Pin (or with None, unpin) how many microbatches a step is split into."""
+        return self._replace(num_microbatches=num_microbatches)
 
     def with_submesh(self, stage: int, submesh: Shape2 | None, logical_mesh: Shape2 | None = None) -> "Pins":
         """Pin (or with None, unpin) the submesh and optionally the logical mesh of a stage."""

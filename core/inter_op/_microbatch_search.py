@@ -1,0 +1,96 @@
+"""How many microbatches a step is split into, searched over the divisors of the global batch.
+
+More microbatches shrink the pipeline bubble (`(B - 1) * max(t_i)` grows
+slower than `B * sum(t_i) / n` falls) and the activations each keeps, but
+each runs a smaller, less efficient microbatch and pays the per-microbatch
+transfers.  The planner and the grid baseline both try every count that
+divides the global batch and keep the fastest plan that fits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from alpaviz.core.inter_op._pin_check import InfeasiblePinsError, ModelTooLargeError
+from alpaviz.core.inter_op._stage_dp import NoStagePlanError
+from alpaviz.core.plan import Plan, SolverInfo
+
+# Beyond this a microbatch is too small to keep a device busy on any model we plan.
+MAX_MICROBATCHES = 1024
+
+
+def global_batch_size(args: Sequence[Any], global_batch_argnums: Sequence[int]) -> int:
+    """The global batch: the leading dim every leaf of the batch arguments shares."""
+    if not global_batch_argnums:
+        raise ValueError(
+            "searching the number of microbatches needs the global batch: pass global_batch_argnums "
+            "(e.g. (1,) when the batch is the step's second argument) with the batch at its global size, "
+            "or give num_microbatches as an int"
+        )
+    sizes = []
+    for i in global_batch_argnums:
+        if not 0 <= i < len(args):
+            raise ValueError(f"global_batch_argnums {tuple(global_batch_argnums)} names argument {i}, "
+                             f"but the step takes {len(args)}")
+        sizes += [np.shape(leaf)[0] for leaf in jax.tree.leaves(args[i]) if np.shape(leaf)]
+    if not sizes:
+        raise ValueError(f"the batch arguments {tuple(global_batch_argnums)} hold no array with a batch dim")
+    return math.gcd(*sizes)
+
+
+def microbatch_counts(global_batch: int, limit: int = MAX_MICROBATCHES) -> tuple[int, ...]:
+    """Every count that splits `global_batch` into equal microbatches, up to `limit`."""
+    return tuple(b for b in range(1, min(global_batch, limit) + 1) if global_batch % b == 0)
+
+
+# What makes one count unusable without making the search fail: the others may fit.
+_UNUSABLE = (ModelTooLargeError, NoStagePlanError, InfeasiblePinsError)
+
+
+def best_over_microbatches(plan_for: Callable[[int], Plan], counts: Sequence[int], what: str = "plan",
+                           progress: bool = False) -> Plan:
+    """The fastest of `plan_for(b)` over `counts`; the plan's notes list every count's step time.
+
+    Raises the last count's error when none fits.
+    """
+    results: list[tuple[int, Plan | Exception]] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(counts), desc="microbatch counts", leave=False)
+    try:
+        for b in counts:
+            try:
+                results.append((b, plan_for(b)))
+            except _UNUSABLE as err:
+                results.append((b, err))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    plans = [(b, p) for b, p in results if isinstance(p, Plan)]
+    if not plans:
+        raise results[-1][1]  # type: ignore[misc]
+    best_count, best = min(plans, key=lambda item: item[1].predicted.step_time_s)
+    table = ", ".join(
+        f"{b}: {p.predicted.step_time_s * 1e3:.4g} ms" if isinstance(p, Plan) else f"{b}: {_short(p)}"
+        for b, p in results
+    )
+    note = f"microbatch counts searched for the {what} (step time each): {table}; chose {best_count}"
+    solver = best.solver
+    seconds = sum(p.solver.seconds for _, p in plans)
+    return dataclasses.replace(best, solver=SolverInfo(solver.status, seconds, solver.objective,
+                                                       (*solver.notes, note)))
+
+
+def _short(err: Exception) -> str:
+    if isinstance(err, ModelTooLargeError):
+        return "does not fit"
+    return type(err).__name__
