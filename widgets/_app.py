@@ -39,6 +39,7 @@ class PanelEditor(WhatIfControls):
         self.mesh_pane = pn.pane.HTML()
         self.timeline_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
         self.cost_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
+        self.cluster_pane = pn.pane.Plotly(sizing_mode="stretch_width")
         self.resolve_button = pn.widgets.Button(name="Re-solve", button_type="primary")
         self.reset_button = pn.widgets.Button(name="Reset pins")
         self.launch_button = pn.widgets.Button(name="Launch", button_type="success")
@@ -64,6 +65,7 @@ class PanelEditor(WhatIfControls):
             pn.Row(self.microbatches, self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw),
             pn.pane.Markdown("### Stage cuts (click a gap: pin cut, pin no-cut, free)"), self.cut_row,
             self.submesh_column,
+            pn.pane.Markdown("### Where the stages run"), self.cluster_pane,
             pn.pane.Markdown("### Operator graph"), pn.Row(self.graph_level, self.graph_layer), self.graph_pane,
             pn.pane.Markdown("### Sharding"), self.tensor_select, self.mesh_pane,
             pn.Row(self.op_select, self.strategy_select),
@@ -138,6 +140,7 @@ class PanelEditor(WhatIfControls):
                     predicted = ()
                 self.timeline_pane.object = F.gantt_figure(predicted, vm.gantt_bars(s.measured))
                 self.cost_pane.object = F.cost_figure(vm.cost_view(s.plan, s.previous))
+                self.cluster_pane.object = F.cluster_map_figure(vm.cluster_map(s.graph, s.plan))
                 self._drawn = (s.plan, s.measured)
         finally:
             self._syncing = False

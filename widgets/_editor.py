@@ -58,6 +58,7 @@ class PlanEditor(WhatIfControls, W.VBox):
         # timeline and cost
         self.timeline_figure = go.FigureWidget()
         self.cost_figure = go.FigureWidget()
+        self.cluster_figure = go.FigureWidget()
         # buttons
         self.resolve_button = W.Button(description="Re-solve", button_style="primary", icon="refresh")
         self.reset_button = W.Button(description="Reset pins")
@@ -92,6 +93,7 @@ class PlanEditor(WhatIfControls, W.VBox):
             W.HBox([self.microbatches, self.schedule, self.preset]),
             W.HBox([self.hosts, self.intra_bw, self.inter_bw]),
             section("Stage cuts (click a gap: pin cut / pin no-cut / free)"), self.cut_row, self.submesh_box,
+            section("Where the stages run"), self.cluster_figure,
             section("Operator graph"), W.HBox([self.graph_level, self.graph_layer]), self.graph_figure,
             section("Sharding"), W.HBox([self.tensor_select]), self.mesh_picture,
             W.HBox([self.op_select, self.strategy_select]),
@@ -166,6 +168,7 @@ class PlanEditor(WhatIfControls, W.VBox):
                 self._draw_graph()
                 self._draw_timeline()
                 _replace_figure(self.cost_figure, F.cost_figure(vm.cost_view(s.plan, s.previous)))
+                _replace_figure(self.cluster_figure, F.cluster_map_figure(vm.cluster_map(s.graph, s.plan)))
                 self._drawn = drawn
         finally:
             self._syncing = False

@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from alpaviz.widgets._view_model import (
-    MEMORY_PARTS, CostView, GanttBar, GraphView, ShardingRow, byte_unit, node_size,
+    MEMORY_PARTS, ClusterMap, CostView, GanttBar, GraphView, ShardingRow, byte_unit, node_size,
 )
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6")
@@ -140,3 +140,46 @@ def mesh_html(row: ShardingRow) -> str:
     caption = (f"{html.escape(row.tensor)} {row.shape} as {row.name} = {html.escape(row.partition_spec)} on mesh "
                f"{row.mesh_shape[0]}x{row.mesh_shape[1]}: block {row.shard_shape}")
     return f'<div><div style="font-size:12px">{caption}</div><table style="border-collapse:collapse">{rows}</table></div>'
+
+
+def cluster_map_figure(view: ClusterMap) -> go.Figure:
+    """Hosts as rows, devices as squares coloured by stage (with the device's logical coordinate);
+    arrows for what each stage sends the next, red when it crosses hosts."""
+    fig = go.Figure()
+    centre: dict[int, list[tuple[float, float]]] = {}
+    for cell in view.cells:
+        x, y = cell.slot, -cell.host
+        colour = "#DDDDDD" if cell.stage is None else stage_colour(cell.stage)
+        fig.add_shape(type="rect", x0=x - 0.45, x1=x + 0.45, y0=y - 0.4, y1=y + 0.4, fillcolor=colour,
+                      line=dict(color="white", width=2), layer="below")
+        if cell.stage is not None:
+            centre.setdefault(cell.stage, []).append((x, y))
+    fig.add_trace(go.Scatter(
+        x=[c.slot for c in view.cells], y=[-c.host for c in view.cells], mode="text",
+        text=[c.label for c in view.cells], textfont=dict(color="white", size=11),
+        hovertext=[c.label.replace("<br>", " ") for c in view.cells], hoverinfo="text",
+    ))
+    middle = {s: (sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)) for s, pts in centre.items()}
+    offsets = {"forward": 0.18, "backward": -0.18, "update": 0.0}
+    for t in view.transfers:
+        if t.src not in middle or t.dst not in middle:
+            continue
+        (x0, y0), (x1, y1) = middle[t.src], middle[t.dst]
+        dy = offsets.get(t.kind, 0.0)
+        fig.add_annotation(
+            x=x1, y=y1 + dy, ax=x0, ay=y0 + dy, xref="x", yref="y", axref="x", ayref="y", showarrow=True,
+            arrowhead=3, arrowwidth=2, arrowcolor="#B00020" if t.inter_host else KIND_COLOURS.get(t.kind, "#333"),
+            text="", hovertext=t.label,
+        )
+    crossing = [t for t in view.transfers if t.kind == "forward"]
+    summary = "; ".join(t.label for t in crossing[:4]) or "one stage: nothing crosses a stage boundary"
+    fig.update_xaxes(visible=False, range=[-0.6, view.devices_per_host - 0.4])
+    fig.update_yaxes(range=[-view.num_hosts + 0.4, 0.6], scaleanchor="x", scaleratio=1, showgrid=False,
+                     zeroline=False, tickvals=[-h for h in range(view.num_hosts)],
+                     ticktext=[f"host {h}" for h in range(view.num_hosts)])
+    _layout(fig, "where each stage runs (hosts x devices; S = stage, (row, col) on its logical mesh)",
+            120 + 70 * view.num_hosts)
+    fig.add_annotation(text=summary, xref="paper", yref="paper", x=0, y=-0.02, showarrow=False,
+                       xanchor="left", yanchor="top", font=dict(size=11))
+    fig.update_layout(margin=dict(l=10, r=10, t=40, b=40))
+    return fig

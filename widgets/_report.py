@@ -50,6 +50,7 @@ def section_html(section: ReportSection, first: bool) -> str:
     plan, graph = section.plan, section.graph
     predicted = predicted_timeline(plan, graph)
     figures = [
+        F.cluster_map_figure(vm.cluster_map(graph, plan)),
         F.graph_figure(vm.layer_graph_view(graph, plan)),
         F.gantt_figure(vm.gantt_bars(predicted), vm.gantt_bars(section.measured)),
         F.cost_figure(vm.cost_view(plan)),

@@ -248,3 +248,28 @@ def test_memory_chart_stacks_each_stages_parts_in_a_unit_that_fits():
     assert fig.layout.yaxis2.title.text == "MiB" and not fig.layout.shapes
     assert "limit 37.3 GiB" in fig.layout.annotations[1].text
     assert vm.byte_unit(512) == ("B", 1.0) and vm.byte_unit(3 * 2**30)[0] == "GiB"
+
+
+def test_cluster_map_places_every_device_and_prices_what_crosses_each_cut():
+    from alpaviz.core.graph import cut_bytes
+    from alpaviz.widgets import _figures as F
+
+    graph = tiny_graph()
+    cluster = av.Cluster.a100_node(2, 2)
+    plan = hand_plan(graph, cuts=(2,), cluster=cluster)
+    view = vm.cluster_map(graph, plan)
+    assert [c.device for c in view.cells] == list(range(4)) and {c.host for c in view.cells} == {0, 1}
+    for stage in plan.stages:
+        cells = [c for c in view.cells if c.stage == stage.index]
+        assert sorted(c.device for c in cells) == sorted(stage.device_ids)
+        rows, cols = stage.logical_mesh
+        assert sorted(c.coordinate for c in cells) == [(r, c) for r in range(rows) for c in range(cols)]
+    forward = {(t.src, t.dst): t for t in view.transfers if t.kind == "forward"}
+    backward = {(t.src, t.dst): t for t in view.transfers if t.kind == "backward"}
+    fwd_cut, bwd_cut = cut_bytes(graph)
+    assert forward[(0, 1)].nbytes == fwd_cut[2] and backward[(1, 0)].nbytes == bwd_cut[2]
+    assert forward[(0, 1)].inter_host  # stage 0 fills host 0, stage 1 host 1
+    assert forward[(0, 1)].seconds == pytest.approx(cluster.inter_host.transfer_time(fwd_cut[2]))
+    assert "across hosts" in forward[(0, 1)].label
+    fig = F.cluster_map_figure(view)
+    assert len(fig.layout.shapes) == 4 and any(a.arrowcolor == "#B00020" for a in fig.layout.annotations)

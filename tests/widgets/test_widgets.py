@@ -31,6 +31,11 @@ def test_clicking_a_gap_pins_a_cut_and_resolve_honours_it():
     assert node_colours[0] != node_colours[1] and node_colours[1] == node_colours[2]
     # the cost panel compares against the previous plan
     assert "vs previous plan" in ed.cost_figure.layout.title.text
+    # the cluster map follows: every device drawn, labelled with its new stage
+    devices = ed.session.plan.cluster.num_devices
+    assert len(ed.cluster_figure.layout.shapes) == devices
+    labels = ed.cluster_figure.data[0].text
+    assert [f"S{s.index} " in " ".join(labels) for s in ed.session.plan.stages] == [True] * ed.session.plan.num_stages
 
 
 def test_second_and_third_click_cycle_no_cut_then_free():
