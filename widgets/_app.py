@@ -177,7 +177,13 @@ class PanelEditor(WhatIfControls):
             select.param.watch(
                 lambda e, i=band.index, c=choices: None if self._syncing else self.session.pin_submesh(i, c.get(e.new)),
                 "value")
-            rows.append(pn.Row(select, pn.pane.HTML(html.escape(band.label))))
+            remat_label = next(label for label, v in vm.REMAT_CHOICES.items() if v == band.pinned_remat)
+            remat = pn.widgets.Select(name=f"stage {band.index} remat", options=list(vm.REMAT_CHOICES),
+                                      value=remat_label, width=170)
+            remat.param.watch(
+                lambda e, i=band.index: None if self._syncing else self.session.pin_remat(i, vm.REMAT_CHOICES[e.new]),
+                "value")
+            rows.append(pn.Row(select, remat, pn.pane.HTML(html.escape(band.label))))
         self.submesh_column.objects = rows
 
     def _fill_strategies(self) -> None:

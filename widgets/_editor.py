@@ -196,7 +196,7 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.cut_row.children = children
 
     def _draw_submeshes(self) -> None:
-        rows, self.submesh_dropdowns = [], {}
+        rows, self.submesh_dropdowns, self.remat_dropdowns = [], {}, {}
         for band in vm.stage_bands(self.session.plan, self.session.pins):
             options = [(SOLVER_CHOICE, None)] + [(vm.submesh_option_label(*o), o) for o in band.submesh_options]
             pinned = (band.pinned_submesh, self.session.pins.logical_mesh_map.get(band.index))
@@ -204,7 +204,12 @@ class PlanEditor(WhatIfControls, W.VBox):
             dropdown = W.Dropdown(options=options, value=value, description=f"stage {band.index}")
             dropdown.observe(lambda change, i=band.index: self._on_submesh(i, change), "value")
             self.submesh_dropdowns[band.index] = dropdown
-            rows.append(W.HBox([dropdown, W.HTML(band.label)]))
+            remat = W.Dropdown(options=list(vm.REMAT_CHOICES.items()), value=band.pinned_remat,
+                               layout=W.Layout(width="170px"))
+            remat.observe(lambda change, i=band.index: None if self._syncing else self.session.pin_remat(
+                i, change["new"]), "value")
+            self.remat_dropdowns[band.index] = remat
+            rows.append(W.HBox([dropdown, remat, W.HTML(band.label)]))
         self.submesh_box.children = rows
 
     def _draw_graph(self) -> None:

@@ -24,6 +24,11 @@ def pin_submesh(
     return pins.with_submesh(stage, submesh, logical)
 
 
+def pin_remat(pins: Pins, stage: int, remat: bool | None) -> Pins:
+    """Pin whether a stage recomputes its forward in its backward, or leave it to the solver with None."""
+    return pins.with_remat(stage, remat)
+
+
 def pin_strategy(pins: Pins, node: str, strategy: str | None) -> Pins:
     """Pin one operator's strategy, or unpin it with None."""
     return pins.with_strategy(node, strategy)

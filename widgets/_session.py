@@ -184,6 +184,9 @@ class EditorSession:
     def pin_submesh(self, stage: int, choice) -> Outcome:
         return self._changed(self._edit(lambda: _edits.pin_submesh(self.pins, stage, choice), f"stage {stage}'s submesh"))
 
+    def pin_remat(self, stage: int, remat: bool | None) -> Outcome:
+        return self._changed(self._edit(lambda: _edits.pin_remat(self.pins, stage, remat), f"stage {stage}'s remat"))
+
     def strategy_options(self, row, strategy_names=None) -> tuple[str, ...]:
         """A `StrategyRow`'s alternatives on its stage's mesh; asked per operator shown, not for all."""
         names = strategy_names or core_strategy_names

@@ -174,12 +174,15 @@ class StageBand:
     device_ids: tuple[int, ...]
     pinned_submesh: tuple[int, int] | None
     submesh_options: tuple[tuple[tuple[int, int], tuple[int, int]], ...]
+    remat: bool = False
+    pinned_remat: bool | None = None
 
     @property
     def label(self) -> str:
         return (
             f"stage {self.index}: layers {self.layer_start}-{self.layer_stop - 1} on "
             f"{self.submesh[0]}x{self.submesh[1]} (logical {self.logical_mesh[0]}x{self.logical_mesh[1]})"
+            + (", forward recomputed in the backward" if self.remat else "")
         )
 
 
@@ -199,10 +202,14 @@ def stage_bands(plan: Plan, pins: Pins) -> tuple[StageBand, ...]:
     return tuple(
         StageBand(
             s.index, s.layer_start, s.layer_stop, s.submesh, s.logical_mesh, s.device_ids,
-            pins.submesh_map.get(s.index), options,
+            pins.submesh_map.get(s.index), options, s.remat, pins.remat_map.get(s.index),
         )
         for s in plan.stages
     )
+
+
+# The remat control's choices: label -> pinned value (None: the solver decides).
+REMAT_CHOICES = {"(solver's choice)": None, "recompute forward": True, "keep activations": False}
 
 
 def submesh_option_label(submesh: tuple[int, int], logical: tuple[int, int]) -> str:

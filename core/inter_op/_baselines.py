@@ -8,7 +8,7 @@ removed, so it is priced by exactly the same stage profiles:
   analytic cost is pure data parallel by construction);
 * `megatron_grid`: the best of a grid over DP x TP x PP with uniform stages
   (PP stages of equal layer counts, each on an equal submesh viewed as
-  (DP, TP));
+  (DP, TP)), with activation recomputation on every stage where only that fits;
 * `intra_op_only`: Alpa's ablation with one stage (no pipeline);
 * `inter_op_only`: Alpa's ablation with single-device stages (no sharding).
 """
@@ -79,8 +79,9 @@ def _at_microbatch_size(baseline: Callable[..., Plan], fn_or_graph, args: tuple,
     return args, None
 
 
-def _mesh_index(meshes, submesh: tuple[int, int], logical: tuple[int, int]) -> int:
-    return next(i for i, m in enumerate(meshes) if m.submesh == submesh and m.logical_shape == logical)
+def _mesh_index(meshes, submesh: tuple[int, int], logical: tuple[int, int], remat: bool = False) -> int:
+    return next(i for i, m in enumerate(meshes)
+                if m.submesh == submesh and m.logical_shape == logical and m.remat == remat)
 
 
 def data_parallel(
@@ -178,13 +179,17 @@ def megatron_grid(
     plans: list[tuple[str, Plan]] = []
     error: ValueError | None = None
     for label, cuts, submesh, logical in grid_configs(graph.num_layers, cluster):
-        mesh = _mesh_index(setup.meshes, submesh, logical)
         bounds = (0, *cuts, graph.num_layers)
-        stages = [StageChoice(a, b, mesh) for a, b in zip(bounds, bounds[1:])]
-        try:
-            plans.append((label, evaluate_stages(setup, stages, Pins(), notes=(f"grid baseline {label}",), **run)))
-        except ValueError as err:
-            error = err
+        # As Megatron-LM: without activation recomputation, or with it on every stage when that is what fits.
+        for remat in (False, True):
+            mesh = _mesh_index(setup.table.meshes, submesh, logical, remat)
+            stages = [StageChoice(a, b, mesh) for a, b in zip(bounds, bounds[1:])]
+            name = f"{label} + recompute" if remat else label
+            try:
+                plans.append((name, evaluate_stages(setup, stages, Pins(), notes=(f"grid baseline {name}",), **run)))
+                break
+            except ValueError as err:
+                error = err
     if not plans:
         raise error if error is not None else ValueError(f"no grid configuration fits {cluster.name}")
     if return_all:

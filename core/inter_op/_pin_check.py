@@ -70,13 +70,14 @@ def check_pins(pins: Pins, graph: OpGraph, cluster: Cluster) -> None:
 
 def constraints_from_pins(pins: Pins, meshes: Sequence[MeshChoice], num_layers: int, cluster: Cluster) -> StageConstraints:
     """The inter-op pins in the DP's terms."""
-    submesh, logical = pins.submesh_map, pins.logical_mesh_map
+    submesh, logical, remat = pins.submesh_map, pins.logical_mesh_map, pins.remat_map
     stage_meshes = []
-    for stage in sorted(set(submesh) | set(logical)):
+    for stage in sorted(set(submesh) | set(logical) | set(remat)):
         allowed = tuple(
             i for i, m in enumerate(meshes)
             if (stage not in submesh or m.submesh == tuple(submesh[stage]))
             and (stage not in logical or m.logical_shape == tuple(logical[stage]))
+            and (stage not in remat or m.remat == remat[stage])
         )
         stage_meshes.append((stage, allowed))
     return StageConstraints(
@@ -111,6 +112,8 @@ def _atomic_pins(pins: Pins) -> list[tuple[str, Pins]]:
         items.append((f"{pins.num_stages} stages", Pins(num_stages=pins.num_stages)))
     items += [(f"stage {s} on submesh {m}", Pins(stage_submeshes=((s, m),))) for s, m in pins.stage_submeshes]
     items += [(f"stage {s} logical mesh {m}", Pins(stage_logical_meshes=((s, m),))) for s, m in pins.stage_logical_meshes]
+    items += [(f"stage {s} " + ("recomputes its forward" if r else "keeps its activations"),
+               Pins(stage_remat=((s, r),))) for s, r in pins.stage_remat]
     return items
 
 
@@ -121,6 +124,7 @@ def _union(parts: Sequence[Pins]) -> Pins:
         num_stages=next((p.num_stages for p in parts if p.num_stages is not None), None),
         stage_submeshes=tuple(x for p in parts for x in p.stage_submeshes),
         stage_logical_meshes=tuple(x for p in parts for x in p.stage_logical_meshes),
+        stage_remat=tuple(x for p in parts for x in p.stage_remat),
     )
 
 
@@ -130,7 +134,7 @@ def diagnose(setup: SolveSetup, pins: Pins, num_microbatches: int, schedule: Sch
     n_layers = setup.graph.num_layers
 
     def feasible(p: Pins, memory: float = limit) -> bool:
-        c = constraints_from_pins(p, setup.meshes, n_layers, cluster)
+        c = constraints_from_pins(p, setup.table.meshes, n_layers, cluster)
         return is_feasible(setup.table, cluster.num_devices, num_microbatches, schedule, memory, c)
 
     if not feasible(Pins()):

@@ -7,6 +7,7 @@ solved; what they fix is honoured or reported as a conflict that names them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -109,7 +110,7 @@ def solve(
         submeshes=submeshes, workers=workers, num_microbatches=num_microbatches,
     )
     profiled_at = time.perf_counter()
-    constraints = constraints_from_pins(pins, setup.meshes, setup.graph.num_layers, cluster)
+    constraints = constraints_from_pins(pins, setup.table.meshes, setup.graph.num_layers, cluster)
     bar = _bar(progress, "stage DP", None)
     try:
         solution = solve_stages(
@@ -157,7 +158,7 @@ def evaluate_stages(
     """
     started = time.perf_counter()
     table, n = setup.table, len(stages)
-    used = sum(setup.meshes[s.mesh].num_devices for s in stages)
+    used = sum(setup.table.meshes[s.mesh].num_devices for s in stages)
     if used != setup.cluster.num_devices:
         raise InfeasiblePinsError(f"the stages use {used} devices but the cluster has {setup.cluster.num_devices}")
     times, updates = [], []
@@ -165,8 +166,8 @@ def evaluate_stages(
         time_s = float(table.time_s[s.start, s.stop, s.mesh])
         if not math.isfinite(time_s):
             raise InfeasiblePinsError(
-                f"stage {i} (layers {s.start}..{s.stop - 1}) cannot run on submesh {setup.meshes[s.mesh].submesh} "
-                f"as logical mesh {setup.meshes[s.mesh].logical_shape}: "
+                f"stage {i} (layers {s.start}..{s.stop - 1}) cannot run on submesh "
+                f"{setup.table.meshes[s.mesh].submesh} as logical mesh {setup.table.meshes[s.mesh].logical_shape}: "
                 f"{_reason(setup, s)}"
             )
         keep = in_flight(i, n, num_microbatches, schedule)
@@ -174,7 +175,7 @@ def evaluate_stages(
                      + (0.0 if table.temp_bytes is None else table.temp_bytes[s.start, s.stop, s.mesh]))
         if need > setup.memory_limit_bytes:
             raise ModelTooLargeError(
-                f"stage {i} (layers {s.start}..{s.stop - 1} on {setup.meshes[s.mesh].logical_shape}) needs "
+                f"stage {i} (layers {s.start}..{s.stop - 1} on {setup.table.meshes[s.mesh].logical_shape}) needs "
                 f"{format_bytes(need)} per device with {keep} microbatches in flight, but the limit is "
                 f"{format_bytes(setup.memory_limit_bytes)} per device"
             )
@@ -296,10 +297,10 @@ def _check_options(cluster: Cluster, memory_limit, num_layers, workers, submeshe
 def _stages_of(plan: Plan | None, setup: SolveSetup) -> tuple[StageChoice, ...]:
     if plan is None or len(plan.layers) != setup.graph.num_layers:
         return ()
-    index = {(m.submesh, m.logical_shape): i for i, m in enumerate(setup.meshes)}
+    index = {(m.submesh, m.logical_shape, m.remat): i for i, m in enumerate(setup.table.meshes)}
     return tuple(
-        StageChoice(s.layer_start, s.layer_stop, index[(s.submesh, s.logical_mesh)])
-        for s in plan.stages if (s.submesh, s.logical_mesh) in index
+        StageChoice(s.layer_start, s.layer_stop, index[(s.submesh, s.logical_mesh, s.remat)])
+        for s in plan.stages if (s.submesh, s.logical_mesh, s.remat) in index
     )
 
 
@@ -350,12 +351,13 @@ def assemble_plan(
     """
     cluster, profiles = setup.cluster, setup.profiles
     n = len(solution.stages)
-    meshes = [setup.meshes[s.mesh] for s in solution.stages]
+    meshes = [setup.table.meshes[s.mesh] for s in solution.stages]
     firsts = place_stages([m.submesh for m in meshes], cluster)
     stages, recvs, totals = [], [], {"compute_s": 0.0, "communication_s": 0.0, "resharding_s": 0.0}
     statuses = set()
     for i, (choice, mesh, first) in enumerate(zip(solution.stages, meshes, firsts)):
-        rows = [(profiles.layers[l], profiles.profiles[l][choice.mesh]) for l in range(choice.start, choice.stop)]
+        profiled = choice.mesh % len(profiles.meshes)  # a rematerialised choice reuses its mesh's profiles
+        rows = [(profiles.layers[l], profiles.profiles[l][profiled]) for l in range(choice.start, choice.stop)]
         statuses.update(p.status for _, p in rows)
         fwd = sum(p.forward_s for _, p in rows)
         bwd = sum(p.backward_s for _, p in rows)
@@ -368,6 +370,12 @@ def assemble_plan(
         step_recv = setup.cost_model.send_recv(step_bytes, link) if step_bytes else 0.0
         memory = functools.reduce(operator.add, (p.memory for _, p in rows)).with_in_flight(
             in_flight(i, n, num_microbatches, schedule))
+        recompute = 0.0
+        if mesh.remat:  # the forward runs again in the backward; only the stage's inputs wait in flight
+            recompute = fwd
+            memory = dataclasses.replace(
+                memory, activations=float(setup.table.activation_bytes[choice.start, choice.stop, choice.mesh]),
+                temporaries=memory.temporaries + memory.activations)
         for key in totals:
             totals[key] += sum(getattr(p, key) for _, p in rows)
         strategies: dict[str, str] = {}
@@ -379,11 +387,12 @@ def assemble_plan(
         stages.append(Stage(
             index=i, layer_start=choice.start, layer_stop=choice.stop, submesh=mesh.submesh,
             device_ids=tuple(range(first, first + mesh.num_devices)), logical_mesh=mesh.logical_shape,
+            remat=mesh.remat,
             strategies=tuple(sorted(strategies.items())), partition_specs=tuple(sorted(specs.items())),
             cost=StageCost(
-                forward_s=fwd + recv_in, backward_s=bwd + recv_back,
+                forward_s=fwd + recv_in, backward_s=bwd + recompute + recv_back,
                 update_s=sum(p.update_s for _, p in rows) + step_recv,
-                compute_s=sum(p.compute_s for _, p in rows),
+                compute_s=sum(p.compute_s for _, p in rows) + recompute,
                 communication_s=sum(p.communication_s for _, p in rows) + recv_in + recv_back + step_recv,
                 resharding_s=sum(p.resharding_s for _, p in rows),
                 memory_bytes=memory.peak, activation_bytes=memory.activations, memory=memory,

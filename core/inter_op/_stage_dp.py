@@ -33,10 +33,12 @@ from alpaviz.core.plan import ScheduleKind
 
 @dataclasses.dataclass(frozen=True)
 class MeshChoice:
-    """A submesh shape (hosts, devices per host) and one logical (dp, mp) view of it."""
+    """A submesh shape (hosts, devices per host), one logical (dp, mp) view of it, and whether the
+    stage recomputes its forward in its backward (rematerialisation)."""
 
     submesh: tuple[int, int]
     logical_shape: tuple[int, int]
+    remat: bool = False
 
     @property
     def num_devices(self) -> int:

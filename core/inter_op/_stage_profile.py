@@ -369,13 +369,24 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
                 step_recv[k, j, m] = cost_model.send_recv(nbytes, link) if nbytes else 0.0
     time = grid("forward_s") + grid("backward_s")
     work = np.where(bad > 0, inf, time * np.array([m.num_devices for m in table.meshes])[None, :]).min(axis=1)
+    kept = range_sums(time) + recv, range_sums(grid("activation_bytes")), range_maxima(grid("temp_bytes"))
+    # Rematerialised: the backward runs the forward again; per microbatch in flight only the stage's
+    # input activations stay (split over the data-parallel axis), and one microbatch's activations
+    # live while its backward runs.
+    entering = np.array([[b / m.logical_shape[0] for m in table.meshes] for b in table.forward_cut_bytes])
+    entering[0] = 0.0
+    again = (kept[0] + range_sums(grid("forward_s")), np.broadcast_to(entering[:, None, :], kept[1].shape),
+             kept[2] + kept[1])
+    both = lambda a, b: finish(np.concatenate([a, b], axis=2))  # noqa: E731
+    twice = lambda a: both(a, a)  # noqa: E731
+    valid = np.concatenate([valid, valid], axis=2)
     return StageCostTable(
-        meshes=table.meshes,
-        time_s=finish(range_sums(time) + recv),
-        update_s=finish(range_sums(grid("update_s")) + step_recv),
-        state_bytes=finish(range_sums(grid("state_bytes"))),
-        activation_bytes=finish(range_sums(grid("activation_bytes"))),
-        temp_bytes=finish(range_maxima(grid("temp_bytes"))),
+        meshes=table.meshes + tuple(dataclasses.replace(m, remat=True) for m in table.meshes),
+        time_s=both(kept[0], again[0]),
+        update_s=twice(range_sums(grid("update_s")) + step_recv),
+        state_bytes=twice(range_sums(grid("state_bytes"))),
+        activation_bytes=both(kept[1], again[1]),
+        temp_bytes=both(kept[2], again[2]),
         layer_work_s=np.where(np.isfinite(work), work, 0.0),
     )
 

@@ -39,6 +39,7 @@ class Pins:
     strategies: tuple[tuple[str, str], ...] = ()
     partition_specs: tuple[tuple[str, Spec], ...] = ()
     num_microbatches: int | None = None
+    stage_remat: tuple[tuple[int, bool], ...] = ()  # (stage, recompute its forward in the backward)
 
     def __post_init__(self) -> None:
         for cut in tuple(self.stage_cuts) + tuple(self.forbidden_cuts):
@@ -53,6 +54,10 @@ class Pins:
                 raise ValueError(f"stage {stage}: a mesh shape is (rows, cols), got {shape!r}")
             for size in shape:
                 check_int(f"stage {stage}'s mesh shape", size, minimum=1)
+        for pair in self.stage_remat:
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[1], bool):
+                raise ValueError(f"a remat pin is (stage, True or False), got {pair!r}")
+            check_int("a pinned stage index", pair[0], minimum=0)
         for pairs, what in ((self.strategies, "strategy"), (self.partition_specs, "partition spec")):
             for pair in pairs:
                 if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
@@ -60,7 +65,7 @@ class Pins:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         set_("stage_cuts", tuple(sorted(set(self.stage_cuts))))
         set_("forbidden_cuts", tuple(sorted(set(self.forbidden_cuts))))
-        for name in ("stage_submeshes", "stage_logical_meshes", "strategies", "partition_specs"):
+        for name in ("stage_submeshes", "stage_logical_meshes", "stage_remat", "strategies", "partition_specs"):
             set_(name, _sorted_pairs(getattr(self, name)))
         bad = [c for c in self.stage_cuts + self.forbidden_cuts if c < 1]
         if bad:
@@ -99,6 +104,10 @@ class Pins:
         return dict(self.stage_logical_meshes)
 
     @property
+    def remat_map(self) -> Mapping[int, bool]:
+        return dict(self.stage_remat)
+
+    @property
     def is_empty(self) -> bool:
         return self == Pins()
 
@@ -112,6 +121,8 @@ class Pins:
             lines.append(f"{self.num_microbatches} microbatches")
         lines += [f"stage {s} on submesh {m}" for s, m in self.stage_submeshes]
         lines += [f"stage {s} logical mesh {m}" for s, m in self.stage_logical_meshes]
+        lines += [f"stage {s} recomputes its forward" if r else f"stage {s} keeps its activations"
+                  for s, r in self.stage_remat]
         lines += [f"{n} uses {s!r}" for n, s in self.strategies]
         lines += [f"{t} sharded as {s}" for t, s in self.partition_specs]
         return lines
@@ -155,6 +166,13 @@ class Pins:
         if logical_mesh is not None:
             logical[stage] = tuple(logical_mesh)  # type: ignore[assignment]
         return self._replace(stage_submeshes=tuple(meshes.items()), stage_logical_meshes=tuple(logical.items()))
+
+    def with_remat(self, stage: int, remat: bool | None) -> "Pins":
+        """Pin whether a stage recomputes its forward in its backward (None: the solver decides)."""
+        pinned = {s: r for s, r in self.stage_remat if s != stage}
+        if remat is not None:
+            pinned[stage] = bool(remat)
+        return self._replace(stage_remat=tuple(pinned.items()))
 
     def with_strategy(self, node: str, strategy: str | None) -> "Pins":
         """Pin (or with None, unpin) one operator's sharding strategy."""

@@ -82,6 +82,8 @@ class Stage:
     strategies: tuple[tuple[str, str], ...]
     partition_specs: tuple[tuple[str, Spec], ...]
     cost: StageCost
+    # Recompute the forward inside the backward: only the stage's inputs stay per microbatch in flight.
+    remat: bool = False
 
     def __post_init__(self) -> None:
         check_int("stage index", self.index, minimum=0)
@@ -305,6 +307,7 @@ class Plan:
                 f"{f'{s.submesh[0]}x{s.submesh[1]}':>8} {f'{s.logical_mesh[0]}x{s.logical_mesh[1]}':>8} "
                 f"{s.cost.forward_s * 1e3:>9.3f} {s.cost.backward_s * 1e3:>9.3f} "
                 f"{format_bytes(s.cost.memory_bytes):>10}  {', '.join(names[:4])}"
+                + ("  (remat: forward recomputed in the backward)" if s.remat else "")
             )
         for line in self.pins.describe():
             lines.append(f"  pinned: {line}")

@@ -147,6 +147,13 @@ def analyze(
         for t in node.outputs:
             task_of_tensor[t] = key
 
+    # A rematerialised stage's backward runs its forward again, so no forward residual waits in flight.
+    own = {key: list(names) for key, names in members.items()}
+    for stage in plan.stages:
+        if getattr(stage, "remat", False):
+            key = (stage.index, "backward")
+            members[key] = own[(stage.index, "forward")] + own[key]
+
     reads: dict[tuple[int, str], list[str]] = {}
     for key, names in members.items():
         produced = {t for n in names for t in graph.node(n).outputs}
@@ -168,7 +175,7 @@ def analyze(
         node_set = set(names) | const_needed
         ordered = tuple(n.name for n in graph.nodes if n.name in node_set)
         outs = [
-            t for n in names for t in graph.node(n).outputs
+            t for n in own[(stage, role)] for t in graph.node(n).outputs
             if t in outputs or readers_of.get(t, set()) - {(stage, role)}
         ]
         tasks.append(Task(stage, role, ordered, tuple(reads[(stage, role)]), tuple(dict.fromkeys(outs))))

@@ -180,6 +180,9 @@ def test_panel_editor_pins_a_cut_through_its_buttons():
     select = next(row[0] for row in app.submesh_column.objects)
     select.value = "1x8 as 8x1"
     assert app.session.pins.submesh_map == {0: (1, 8)}
+    remat = next(row[1] for row in app.submesh_column.objects)
+    remat.value = "recompute forward"
+    assert app.session.pins.remat_map == {0: True}
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +214,22 @@ def test_real_solver_honours_a_cut_pinned_through_the_editor(solved_editor):
     assert ed.session.plan.pins == ed.session.pins  # the plan records the pins it honours
     assert ed.session.cache.hits > hits  # the re-solve reused stage profiles
     assert ed.cut_buttons[gap].button_style == ("danger" if free else "")
+
+
+def test_remat_dropdown_pins_recomputation_and_the_solver_honours_it(solved_editor):
+    ed = solved_editor
+    ed.reset_button.click()
+    ed.cut_buttons[2].click()  # two stages
+    ed.resolve_button.click()
+    assert not ed.session.plan.stages[0].remat  # recomputing only costs time when memory is ample
+    ed.remat_dropdowns[0].value = True
+    assert ed.session.pins.remat_map == {0: True}
+    ed.resolve_button.click()
+    assert ed.session.ok, ed.session.message
+    first, second = ed.session.plan.stages[:2]
+    assert first.remat and not second.remat
+    assert "recomputed" in ed.submesh_box.children[0].children[2].value
+    assert ed.remat_dropdowns[0].value is True  # the redrawn control shows the pin
 
 
 def test_real_solver_infeasible_pin_keeps_the_plan(solved_editor):
