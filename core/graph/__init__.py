@@ -30,6 +30,9 @@ from alpaviz.core.graph._layers import assign_backward_layers as assign_backward
 from alpaviz.core.graph._layers import cut_bytes as cut_bytes
 from alpaviz.core.graph._layers import step_transfer_bytes as step_transfer_bytes
 from alpaviz.core.graph._layers import follow_dataflow as follow_dataflow
+from alpaviz.core.graph._residuals import RECOMPUTABLE as RECOMPUTABLE
+from alpaviz.core.graph._residuals import recompute_chain as recompute_chain
+from alpaviz.core.graph._residuals import stored_residuals as stored_residuals
 from alpaviz.core.graph._microbatch import microbatch_args as microbatch_args
 from alpaviz.core.graph._microbatch import split_microbatch as split_microbatch
 
@@ -60,7 +63,10 @@ __all__ = [
     "step_outputs",
     "StepStructureError",
     "TensorInfo",
+    "recompute_chain",
+    "RECOMPUTABLE",
     "state_inputs",
+    "stored_residuals",
     "tensors_depending_on",
     "trace",
 ]

@@ -18,7 +18,7 @@ import dataclasses
 from typing import Mapping, Sequence
 
 from alpaviz.core.cost import LogicalMesh
-from alpaviz.core.graph import ELEMENTWISE, OpGraph
+from alpaviz.core.graph import RECOMPUTABLE, OpGraph, stored_residuals
 from alpaviz.core.intra_op._dim_labels import IDENTITY
 from alpaviz.core.intra_op._simplify import Simplified
 from alpaviz.core.intra_op._strategies import shard_bytes
@@ -65,48 +65,17 @@ def kept_tensors(graph: OpGraph, simp: Simplified, state_inputs: frozenset[str])
             grads.append(t)
         elif made_by in ("forward", None) and "backward" in roles:
             acts.append(t)
-    return KeptTensors(tuple(params), tuple(opt), tuple(grads), tuple(_materialized(graph, simp, acts)))
+    # The backward reruns one-operand elementwise chains (XLA inside a program, the runtime across a stage's
+    # forward and backward executables), so only their inputs are stored.  Checked against
+    # `compiled.memory_analysis()` (benchmarks/memory.py): counting every intermediate over-predicted GPT's
+    # stages by up to 1.44x, recomputing binary operators as well under-predicted them by up to 0.67x.
+    stored = stored_residuals(graph, acts)
+    return KeptTensors(tuple(params), tuple(opt), tuple(grads), tuple(t for t in acts if t in stored))
 
 
-# Operators XLA fuses into their readers, recomputing rather than storing their results.
-_CHEAP = ELEMENTWISE | frozenset(
-    ("broadcast_in_dim", "reshape", "transpose", "squeeze", "expand_dims", "convert_element_type"))
+# Operators XLA fuses into their neighbours: no working set of their own.
+_CHEAP = RECOMPUTABLE
 
-
-def _materialized(graph: OpGraph, simp: Simplified, activations: list[str]) -> list[str]:
-    """The activations XLA actually stores: not those a fusion recomputes from another stored value.
-
-    The backward of an elementwise chain (GELU's `x * x`, `tanh`, ...) reads
-    every intermediate, but XLA fuses a chain of one-operand elementwise
-    operators into the backward's kernels and recomputes it from the chain's
-    input.  Checked against `compiled.memory_analysis()` (benchmarks/memory.py):
-    counting every intermediate over-predicted GPT's stages by up to 1.44x,
-    recomputing binary operators as well under-predicted them by up to 0.67x.
-    """
-    kept = set(activations)
-    stored: set[str] = set()
-    available: dict[str, bool] = {}
-
-    def backward_has(t: str, depth: int = 0) -> bool:
-        """Whether the backward has `t` without storing it anew: an input, stored, or a cheap chain from one."""
-        t = simp.resolve(t)
-        if t not in available:
-            info = graph.tensor(t)
-            if info.producer is None or simp.is_free(graph, t):
-                available[t] = True
-                return True
-            node = graph.node(info.producer)
-            operands = {simp.resolve(i) for i in node.inputs if not simp.is_free(graph, simp.resolve(i))}
-            recomputed = (node.role == "forward" and node.primitive in _CHEAP and len(operands) <= 1
-                          and depth < 16 and all(backward_has(i, depth + 1) for i in operands))
-            if t in kept and not recomputed:
-                stored.add(t)
-            available[t] = recomputed or t in kept
-        return available[t]
-
-    for t in activations:
-        backward_has(t)
-    return [t for t in activations if t in stored or graph.tensor(t).producer is None]
 
 @dataclasses.dataclass(frozen=True)
 class MemoryRows:

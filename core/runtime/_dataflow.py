@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Collection, Literal, Mapping
 
-from alpaviz.core.graph import OpGraph, Role, tensors_depending_on
+from alpaviz.core.graph import OpGraph, Role, recompute_chain, stored_residuals, tensors_depending_on
 from alpaviz.core.runtime._schedule import Edge, is_update, update_level, update_role
 
 PER_MICROBATCH: tuple[Role, ...] = ("forward", "backward")
@@ -148,11 +148,16 @@ def analyze(
             task_of_tensor[t] = key
 
     # A rematerialised stage's backward runs its forward again, so no forward residual waits in flight.
+    # Any other stage's backward reruns the cheap elementwise chains the memory model does not store.
     own = {key: list(names) for key, names in members.items()}
     for stage in plan.stages:
+        key = (stage.index, "backward")
+        forward = own[(stage.index, "forward")]
         if getattr(stage, "remat", False):
-            key = (stage.index, "backward")
-            members[key] = own[(stage.index, "forward")] + own[key]
+            members[key] = forward + own[key]
+        else:
+            chain = _cheap_recompute(graph, forward, own[key])
+            members[key] = [n for n in forward if n in chain] + own[key]
 
     reads: dict[tuple[int, str], list[str]] = {}
     for key, names in members.items():
@@ -221,6 +226,27 @@ def analyze(
         update_levels=levels,
         generated=tuple(generated),
     )
+
+
+def _cheap_recompute(graph: OpGraph, forward: list[str], backward: list[str]) -> frozenset[str]:
+    """The forward operators a stage's backward reruns instead of reading their stored results.
+
+    Only chains that stay inside the stage's forward; a residual whose chain
+    leaves it is stored, as before.
+    """
+    mine, made_here = set(forward), {t for n in forward for t in graph.node(n).outputs}
+    residuals = list(dict.fromkeys(t for n in backward for t in graph.node(n).inputs if t in made_here))
+    stored = set(stored_residuals(graph, residuals))
+    rerun: set[str] = set()
+    for t in residuals:
+        if t in stored:
+            continue
+        chain = set(recompute_chain(graph, [t], stored))
+        if chain <= mine:
+            rerun |= chain
+        else:
+            stored.add(t)
+    return frozenset(rerun)
 
 
 def _task_roles(graph: OpGraph, stage_of: Mapping[str, int], const_nodes: set[str],
