@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{cluster.device.memory_bandwidth / 1e9:.1f} GB/s memory; link alpha "
           f"{cluster.intra_host.alpha_s * 1e6:.1f} us, {cluster.intra_host.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     print()
-    header = (f"| plan | stages | predicted ms | measured ms | measured/predicted | instructions | "
-              f"dispatch ms | measured/(predicted+dispatch) |")
+    header = ("| plan | stages | predicted ms | measured ms | measured/predicted | instructions | "
+              "dispatch ms | measured/(predicted+dispatch) |")
     print(header)
     print("|" + " --- |" * 8)
     predicted, measured_all, with_dispatch = [], [], []

@@ -3,9 +3,9 @@
 A training step's peak on a device is the state that lives the whole step
 (parameters, optimizer state, gradients), the activations each microbatch
 in flight keeps for its backward pass, and the working set of the largest
-operator on top.  The ILP limits the linear part (state and activations of
-one microbatch); the temporaries are a max over operators, added after it
-has chosen.  Tensors are classified by who makes and who reads them, so a
+operator on top.  Everything is linear in the ILP's choice except that
+max, which the ILP bounds with one constraint per operator (`MemoryRows`).
+Tensors are classified by who makes and who reads them, so a
 value that merely passes through (a layer's input read only by its
 forward, a cotangent read only by the backward) is never counted as state.
 Updated parameters and optimizer state are assumed donated (written over
