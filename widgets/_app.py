@@ -40,6 +40,7 @@ class PanelEditor(WhatIfControls):
         self.timeline_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
         self.cost_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
         self.cluster_pane = pn.pane.Plotly(sizing_mode="stretch_width")
+        self.diff_pane = pn.pane.HTML()
         self.resolve_button = pn.widgets.Button(name="Re-solve", button_type="primary")
         self.reset_button = pn.widgets.Button(name="Reset pins")
         self.launch_button = pn.widgets.Button(name="Launch", button_type="success")
@@ -71,6 +72,7 @@ class PanelEditor(WhatIfControls):
             pn.Row(self.op_select, self.strategy_select),
             pn.pane.Markdown("### Pipeline"), self.timeline_pane,
             pn.pane.Markdown("### Cost"), self.cost_pane,
+            pn.pane.Markdown("### What the last re-solve changed"), self.diff_pane,
             sizing_mode="stretch_width",
         )
 
@@ -141,6 +143,8 @@ class PanelEditor(WhatIfControls):
                 self.timeline_pane.object = F.gantt_figure(predicted, vm.gantt_bars(s.measured))
                 self.cost_pane.object = F.cost_figure(vm.cost_view(s.plan, s.previous))
                 self.cluster_pane.object = F.cluster_map_figure(vm.cluster_map(s.graph, s.plan))
+                self.diff_pane.object = ("" if s.previous is None
+                                         else vm.plan_diff_html(vm.plan_diff(s.previous, s.plan)))
                 self._drawn = (s.plan, s.measured)
         finally:
             self._syncing = False

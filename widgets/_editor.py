@@ -59,6 +59,7 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.timeline_figure = go.FigureWidget()
         self.cost_figure = go.FigureWidget()
         self.cluster_figure = go.FigureWidget()
+        self.diff = W.HTML()
         # buttons
         self.resolve_button = W.Button(description="Re-solve", button_style="primary", icon="refresh")
         self.reset_button = W.Button(description="Reset pins")
@@ -99,6 +100,7 @@ class PlanEditor(WhatIfControls, W.VBox):
             W.HBox([self.op_select, self.strategy_select]),
             section("Pipeline"), self.timeline_figure,
             section("Cost"), self.cost_figure,
+            section("What the last re-solve changed"), self.diff,
         ]
 
     def _wire(self) -> None:
@@ -169,6 +171,8 @@ class PlanEditor(WhatIfControls, W.VBox):
                 self._draw_timeline()
                 _replace_figure(self.cost_figure, F.cost_figure(vm.cost_view(s.plan, s.previous)))
                 _replace_figure(self.cluster_figure, F.cluster_map_figure(vm.cluster_map(s.graph, s.plan)))
+                self.diff.value = ("" if s.previous is None
+                                   else vm.plan_diff_html(vm.plan_diff(s.previous, s.plan)))
                 self._drawn = drawn
         finally:
             self._syncing = False

@@ -273,3 +273,15 @@ def test_cluster_map_places_every_device_and_prices_what_crosses_each_cut():
     assert "across hosts" in forward[(0, 1)].label
     fig = F.cluster_map_figure(view)
     assert len(fig.layout.shapes) == 4 and any(a.arrowcolor == "#B00020" for a in fig.layout.annotations)
+
+
+def test_plan_diff_names_what_a_resolve_changed():
+    graph = tiny_graph()
+    old, new = hand_plan(graph, cuts=(2,)), hand_plan(graph, cuts=(1,), step_scale=0.5)
+    changes = {c.what: c for c in vm.plan_diff(old, new)}
+    assert changes["cuts before layers"].before == "2" and changes["cuts before layers"].after == "1"
+    assert changes["stage 0"].before.startswith("layers 0-1") and changes["stage 0"].after.startswith("layers 0-0")
+    change = 100 * (new.predicted.step_time_s / old.predicted.step_time_s - 1)
+    assert f"{change:+.1f}%" in changes["step time"].after
+    assert vm.plan_diff(old, old) == () and "same plan" in vm.plan_diff_html(())
+    assert "<td>cuts before layers</td>" in vm.plan_diff_html(vm.plan_diff(old, new))

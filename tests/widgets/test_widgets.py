@@ -31,6 +31,8 @@ def test_clicking_a_gap_pins_a_cut_and_resolve_honours_it():
     assert node_colours[0] != node_colours[1] and node_colours[1] == node_colours[2]
     # the cost panel compares against the previous plan
     assert "vs previous plan" in ed.cost_figure.layout.title.text
+    # the diff says what the re-solve changed
+    assert "cuts before layers" in ed.diff.value and "<td>2</td><td>1</td>" in ed.diff.value
     # the cluster map follows: every device drawn, labelled with its new stage
     devices = ed.session.plan.cluster.num_devices
     assert len(ed.cluster_figure.layout.shapes) == devices
