@@ -187,7 +187,8 @@ def evaluate_stages(
 
 
 def _reason(setup: SolveSetup, stage: StageChoice) -> str:
-    reasons = {setup.profiles.profiles[l][stage.mesh].reason for l in range(stage.start, stage.stop)}
+    profiled = stage.mesh % len(setup.profiles.meshes)  # a rematerialised choice shares its mesh's profiles
+    reasons = {setup.profiles.profiles[l][profiled].reason for l in range(stage.start, stage.stop)}
     return "; ".join(sorted(r for r in reasons if r)) or "no layer profile"
 
 
