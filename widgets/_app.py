@@ -41,6 +41,8 @@ class PanelEditor(WhatIfControls):
         self.cost_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
         self.cluster_pane = pn.pane.Plotly(sizing_mode="stretch_width")
         self.diff_pane = pn.pane.HTML()
+        self.compare_button = pn.widgets.Button(name="Compare")
+        self.comparison_pane = pn.pane.HTML()
         self.resolve_button = pn.widgets.Button(name="Re-solve", button_type="primary")
         self.reset_button = pn.widgets.Button(name="Reset pins")
         self.launch_button = pn.widgets.Button(name="Launch", button_type="success")
@@ -73,6 +75,7 @@ class PanelEditor(WhatIfControls):
             pn.pane.Markdown("### Pipeline"), self.timeline_pane,
             pn.pane.Markdown("### Cost"), self.cost_pane,
             pn.pane.Markdown("### What the last re-solve changed"), self.diff_pane,
+            pn.pane.Markdown("### Why this plan"), self.compare_button, self.comparison_pane,
             sizing_mode="stretch_width",
         )
 
@@ -80,6 +83,7 @@ class PanelEditor(WhatIfControls):
         s = self.session
         self.resolve_button.on_click(lambda _: self.resolve())
         self.reset_button.on_click(lambda _: s.reset_pins())
+        self.compare_button.on_click(lambda _: s.compare())
         self.launch_button.on_click(lambda _: s.launch())
         self.upload.param.watch(self._on_upload, "value")
         self.graph_level.param.watch(lambda _: self._draw_graph(), "value")
@@ -122,6 +126,7 @@ class PanelEditor(WhatIfControls):
             self.status.object = _message(s.ok, s.message)
             self._draw_cuts()
             self._draw_submeshes()
+            self.comparison_pane.object = vm.comparison_html(vm.comparison_rows(s.comparison))
             rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins, inputs_only=True)}
             self._rows = rows
             keep = self.tensor_select.value

@@ -60,6 +60,8 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.cost_figure = go.FigureWidget()
         self.cluster_figure = go.FigureWidget()
         self.diff = W.HTML()
+        self.compare_button = W.Button(description="Compare", tooltip="price the Megatron grid and data parallelism")
+        self.comparison = W.HTML()
         # buttons
         self.resolve_button = W.Button(description="Re-solve", button_style="primary", icon="refresh")
         self.reset_button = W.Button(description="Reset pins")
@@ -101,12 +103,14 @@ class PlanEditor(WhatIfControls, W.VBox):
             section("Pipeline"), self.timeline_figure,
             section("Cost"), self.cost_figure,
             section("What the last re-solve changed"), self.diff,
+            section("Why this plan"), self.compare_button, self.comparison,
         ]
 
     def _wire(self) -> None:
         s = self.session
         self.resolve_button.on_click(lambda _: self.resolve())
         self.reset_button.on_click(lambda _: s.reset_pins())
+        self.compare_button.on_click(lambda _: s.compare())
         self.launch_button.on_click(lambda _: s.launch(self.launch_steps.value))
         self.save_button.on_click(lambda _: s.save(self.path.value))
         self.load_button.on_click(lambda _: s.load(self.path.value))
@@ -165,6 +169,7 @@ class PlanEditor(WhatIfControls, W.VBox):
             self._draw_cuts()
             self._draw_submeshes()
             self._fill_sharding()
+            self.comparison.value = vm.comparison_html(vm.comparison_rows(s.comparison))
             drawn = (s.plan, s.measured)
             if getattr(self, "_drawn", None) != drawn:
                 self._draw_graph()

@@ -17,6 +17,7 @@ from alpaviz.core import (
     MAX_DOCUMENT_BYTES, Cluster, Link, OpGraph, Pins, Plan, StageProfileCache, Timeline, next_step_args,
     parallelize, predicted_timeline, solve, strategy_names as core_strategy_names, validate_plan,
 )
+from alpaviz.core.inter_op import data_parallel, megatron_grid
 from alpaviz.widgets import _edits
 
 Solver = Callable[..., Plan]
@@ -141,6 +142,7 @@ class EditorSession:
         self.step_fn, self.example_args = step_fn, example_args
         self.previous: Plan | None = None
         self.measured: Timeline | None = None
+        self.comparison: tuple[tuple[str, Plan | str], ...] = ()
         self.message, self.ok = "", True
         self.busy = False
         self._listeners: list[Callable[[], None]] = []
@@ -240,7 +242,22 @@ class EditorSession:
         self.previous = getattr(self, "plan", None)
         self.plan = plan
         self.measured = None
+        self.comparison = ()  # priced against the old plan; Compare again
         return self._changed(Outcome(True, f"re-solved in {time.perf_counter() - start:.2f} s"))
+
+    def compare(self) -> Outcome:
+        """Price the Megatron grid's best and data parallelism beside the shown plan, from the same profiles."""
+        options = {k: v for k, v in self.solve_options.items() if k in ("stage_cost", "memory_limit", "num_layers")}
+        options.update(cluster=self.whatif.cluster, num_microbatches=self.whatif.num_microbatches,
+                       schedule=self.whatif.schedule, cache=self.cache)
+        entries: list[tuple[str, Plan | str]] = [("this plan", self.plan)]
+        for name, baseline in (("Megatron grid (best)", megatron_grid), ("data parallel", data_parallel)):
+            try:
+                entries.append((name, baseline(self.graph, **options)))
+            except ValueError as err:  # does not fit, or no configuration applies: say why
+                entries.append((name, str(err).splitlines()[0][:200]))
+        self.comparison = tuple(entries)
+        return self._changed(Outcome(True, "compared with the Megatron grid and data parallelism"))
 
     # ---- timelines and launch ----------------------------------------------
     def predicted_timeline(self) -> Timeline:
@@ -284,6 +301,7 @@ class EditorSession:
         except ValueError as err:
             return self._changed(Outcome(False, f"could not load the plan: {err}"))
         self.previous, self.plan, self.pins, self.measured = self.plan, plan, plan.pins, None
+        self.comparison = ()
         return self._changed(Outcome(True, "plan loaded"))
 
     def load(self, path: str) -> Outcome:

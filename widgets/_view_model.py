@@ -585,3 +585,53 @@ def plan_diff_html(changes: Sequence[PlanChange]) -> str:
                    f"<td>{html.escape(c.after)}</td></tr>" for c in changes)
     return ("<table style='border-collapse:collapse'><tr><th align=left>changed</th><th align=left>before</th>"
             f"<th align=left>after</th></tr>{rows}</table>")
+
+
+# ---- why this plan: the alternatives side by side -------------------------------
+@dataclasses.dataclass(frozen=True)
+class ComparisonRow:
+    """One plan's step split the same way as the others', or why it has none."""
+
+    name: str
+    step_s: float | None
+    parts: tuple[tuple[str, float], ...] = ()
+    peak_memory_bytes: float = 0.0
+    stages: str = ""
+    reason: str = ""
+
+
+def comparison_rows(entries: Sequence[tuple[str, Plan | str]]) -> tuple[ComparisonRow, ...]:
+    rows = []
+    for name, plan in entries:
+        if isinstance(plan, str):
+            rows.append(ComparisonRow(name, None, reason=plan))
+            continue
+        p = plan.predicted
+        parts = (("compute", p.compute_s), ("communication", p.communication_s), ("resharding", p.resharding_s),
+                 ("cross-stage", p.cross_stage_s), ("bubble", p.bubble_s))
+        stages = "; ".join(_stage_text(s) for s in plan.stages)
+        rows.append(ComparisonRow(name, p.step_time_s, parts, p.max_memory_bytes, stages))
+    return tuple(rows)
+
+
+def comparison_html(rows: Sequence[ComparisonRow]) -> str:
+    """A table: step time and its parts in ms, peak memory, the ratio to the fastest, the stages."""
+    import html
+
+    if not rows:
+        return "<i>press Compare to price the Megatron grid and data parallelism beside this plan</i>"
+    best = min((r.step_s for r in rows if r.step_s is not None), default=None)
+    names = [n for n, _ in next((r.parts for r in rows if r.parts), ())]
+    head = "".join(f"<th>{html.escape(n)} ms</th>" for n in names)
+    body = ""
+    for r in rows:
+        if r.step_s is None:
+            body += (f"<tr><td>{html.escape(r.name)}</td><td colspan={len(names) + 4}>"
+                     f"{html.escape(r.reason)}</td></tr>")
+            continue
+        cells = "".join(f"<td>{v * 1e3:.4g}</td>" for _, v in r.parts)
+        body += (f"<tr><td>{html.escape(r.name)}</td><td>{r.step_s * 1e3:.4g}</td><td>{r.step_s / best:.3f}</td>"
+                 f"{cells}<td>{html.escape(_bytes_text(r.peak_memory_bytes))}</td>"
+                 f"<td>{html.escape(r.stages)}</td></tr>")
+    return ("<table style='border-collapse:collapse'><tr><th>plan</th><th>step ms</th><th>vs fastest</th>"
+            f"{head}<th>peak memory</th><th>stages</th></tr>{body}</table>")

@@ -234,6 +234,22 @@ def test_remat_dropdown_pins_recomputation_and_the_solver_honours_it(solved_edit
     assert ed.remat_dropdowns[0].value is True  # the redrawn control shows the pin
 
 
+def test_compare_prices_the_grid_and_data_parallelism_beside_the_plan(solved_editor):
+    ed = solved_editor
+    ed.reset_button.click()
+    ed.resolve_button.click()
+    assert "press Compare" in ed.comparison.value
+    ed.compare_button.click()
+    names = [name for name, _ in ed.session.comparison]
+    assert names == ["this plan", "Megatron grid (best)", "data parallel"]
+    plan, grid = ed.session.comparison[0][1], ed.session.comparison[1][1]
+    # the grid is a corner of the planner's search space, priced from the same profiles
+    assert plan.predicted.step_time_s <= grid.predicted.step_time_s * (1 + 1e-9)
+    assert ed.comparison.value.count("<tr>") == 4 and "bubble ms" in ed.comparison.value
+    ed.resolve_button.click()  # a new plan: the old comparison is dropped
+    assert ed.session.comparison == () and "press Compare" in ed.comparison.value
+
+
 def test_real_solver_infeasible_pin_keeps_the_plan(solved_editor):
     ed = solved_editor
     ed.reset_button.click()
