@@ -86,6 +86,7 @@ def run_searched(case: Case, stage_cost, tolerance: float, workers: int) -> dict
 def describe(plan: av.Plan) -> str:
     return " | ".join(
         f"L{s.layer_start}-{s.layer_stop - 1} {s.submesh[0]}x{s.submesh[1]} as {s.logical_mesh[0]}x{s.logical_mesh[1]}"
+        + (" remat" if s.remat else "")
         for s in plan.stages
     )
 

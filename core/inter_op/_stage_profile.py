@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from alpaviz.core.cost import Cluster, CostModel, Link
-from alpaviz.core.graph import OpGraph, cut_bytes, step_transfer_bytes
+from alpaviz.core.graph import OpGraph, cut_bytes, state_inputs, step_transfer_bytes
 from alpaviz.core.inter_op._stage_cost import StageCostFn
 from alpaviz.core.inter_op._stage_dp import MeshChoice, StageCostTable
 from alpaviz.core.plan import MemoryBreakdown, Pins, ShardingPlan, Spec
@@ -205,6 +205,7 @@ class ProfileTable:
     backward_cut_bytes: tuple[float, ...]  # [cut] gradients sent back across cut
     step_bytes: np.ndarray  # [reader layer, producer layer] update reads, once per step
     profiled: int = 0  # cost-function calls made (cache misses)
+    batch_bytes: float = 0.0  # the step's batch inputs: what a rematerialised first stage keeps per microbatch
 
     def step_recv_bytes(self, start: int, stop: int) -> float:
         """Bytes the update of layers [start, stop) receives once per step from other stages."""
@@ -263,7 +264,11 @@ def profile_layers(
             cache.put(key, LayerProfile.from_sharding(plan_or_error, view))
     profiles = tuple(tuple(cache[key] for key in row) for row in keys)
     forward, backward = cut_bytes(graph)
-    return ProfileTable(views, tuple(meshes), profiles, forward, backward, step_transfer_bytes(graph), len(jobs))
+    state = state_inputs(graph)
+    batch = float(sum(graph.tensor(t).nbytes for t in graph.inputs
+                      if t not in state and graph.tensor(t).shape))
+    return ProfileTable(views, tuple(meshes), profiles, forward, backward, step_transfer_bytes(graph), len(jobs),
+                        batch)
 
 
 def _profile_one(graph, cluster, cost_model, cost_fn, nodes, layer_pins, choice,
@@ -373,8 +378,8 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
     # Rematerialised: the backward runs the forward again; per microbatch in flight only the stage's
     # input activations stay (split over the data-parallel axis), and one microbatch's activations
     # live while its backward runs.
-    entering = np.array([[b / m.logical_shape[0] for m in table.meshes] for b in table.forward_cut_bytes])
-    entering[0] = 0.0
+    entering_bytes = (table.batch_bytes, *table.forward_cut_bytes[1:])
+    entering = np.array([[b / m.logical_shape[0] for m in table.meshes] for b in entering_bytes])
     again = (kept[0] + range_sums(grid("forward_s")), np.broadcast_to(entering[:, None, :], kept[1].shape),
              kept[2] + kept[1])
     both = lambda a, b: finish(np.concatenate([a, b], axis=2))  # noqa: E731

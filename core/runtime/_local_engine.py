@@ -73,6 +73,7 @@ class LocalEngine:
                 dst = self.runners[ins.peer]
                 values = runner.take(edge, ins.microbatch)
                 moved = move_local(values, {t: dst.sharding(t) for t in values})
+                runner.sent(edge.tensors, ins.microbatch)
                 pending[ins.transfer_key] = moved
                 produced = list(moved.values())
             elif ins.op == "recv":

@@ -112,7 +112,9 @@ class HostActor:
         runner = self.runners[src]
         values = {t: (runner.step_values[t] if microbatch == ONCE else runner.mb_values[(t, microbatch)])
                   for t in tensors}
-        return to_host(values), (start, time.time())
+        host = to_host(values)
+        runner.sent(tensors, microbatch)
+        return host, (start, time.time())
 
     def send_local(self, key: tuple, tensors: Sequence[str], record: bool) -> tuple[float, float]:
         """A move between two stages of this host: one device_put each."""
@@ -122,6 +124,7 @@ class HostActor:
         values = {t: (runner.step_values[t] if microbatch == ONCE else runner.mb_values[(t, microbatch)])
                   for t in tensors}
         moved = move_local(values, {t: target.sharding(t) for t in values})
+        runner.sent(tensors, microbatch)
         if record:
             jax.block_until_ready(list(moved.values()))
         self.outbox[key] = moved

@@ -71,6 +71,14 @@ class StageRunner:
         self._read_per_mb = {
             t for task in flow.tasks if not is_update(task.role) for t in task.inputs
         }
+        # What this stage's own per-microbatch tasks read, and how many edges send each tensor from here:
+        # a value only sent on is dropped once its last send is done.
+        self._local_reads = {t for task in self.tasks.values() if not is_update(task.role) for t in task.inputs}
+        self._sends: dict[str, int] = {}
+        for edge in flow.edges:
+            if edge.src_stage == stage.index and edge.per_microbatch:
+                for t in edge.tensors:
+                    self._sends[t] = self._sends.get(t, 0) + 1
         self._readers: dict[str, set[tuple[int, str]]] = {}
         for task in flow.tasks:
             for t in task.inputs:
@@ -107,6 +115,7 @@ class StageRunner:
         self.mb_values: dict[tuple[str, int], Any] = {}
         self.step_values: dict[str, Any] = {}
         self._concat_parts = {}
+        self._sent: dict[tuple[str, int], int] = {}
 
     def put_input(self, name: str, value: Any, microbatch: int = ONCE) -> None:
         placed = jax.device_put(value, self.sharding(name))
@@ -129,6 +138,16 @@ class StageRunner:
                 self.step_values[t] = v
             else:
                 self.mb_values[(t, microbatch)] = v
+
+    def sent(self, tensors: Sequence[str], microbatch: int) -> None:
+        """A SEND of `tensors` is done: drop each one no task here reads once every send of it is done."""
+        if microbatch == ONCE:
+            return
+        for t in tensors:
+            key = (t, microbatch)
+            self._sent[key] = self._sent.get(key, 0) + 1
+            if self._sent[key] >= self._sends.get(t, 0) and t not in self._local_reads:
+                self.mb_values.pop(key, None)
 
     def free(self, microbatch: int) -> None:
         for key in [k for k in self.mb_values if k[1] == microbatch]:

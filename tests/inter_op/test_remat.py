@@ -99,7 +99,10 @@ def test_the_runtime_holds_the_activations_the_model_predicts_in_flight(plans, m
     held = _held_activations(monkeypatch, step, free, params, batch)
     for stage in free.stages:
         predicted = stage.cost.memory.in_flight * stage.cost.memory.activations
-        # What 1F1B keeps per microbatch: the stored residuals, plus the values a stage sends on.
-        assert 0.95 <= held[stage.index] / predicted <= 1.25, (stage.index, held[stage.index], predicted)
+        # What 1F1B keeps per microbatch: the stored residuals (plus one output waiting for its send).
+        assert 0.95 <= held[stage.index] / predicted <= 1.15, (stage.index, held[stage.index], predicted)
+    # Recomputing, stage 0 keeps only its input (the batch) per microbatch, plus one forward output
+    # until it is sent: about 1% of what it held before.
     remat = _held_activations(monkeypatch, step, recomputed, params, batch)
-    assert remat[0] < 0.1 * held[0]
+    assert remat[0] < 0.02 * held[0]
+    assert recomputed.stages[0].cost.memory.activations > 0  # the batch, priced
