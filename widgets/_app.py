@@ -14,6 +14,8 @@ import panel as pn
 from alpaviz.core import Cluster, trace
 from alpaviz.core.models import gpt
 from alpaviz.widgets import _figures as F
+from alpaviz.widgets import _cluster_map as cmap
+from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
@@ -126,7 +128,7 @@ class PanelEditor(WhatIfControls):
             self.status.object = _message(s.ok, s.message)
             self._draw_cuts()
             self._draw_submeshes()
-            self.comparison_pane.object = vm.comparison_html(vm.comparison_rows(s.comparison))
+            self.comparison_pane.object = compare.comparison_html(compare.comparison_rows(s.comparison))
             rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins, inputs_only=True)}
             self._rows = rows
             keep = self.tensor_select.value
@@ -147,9 +149,9 @@ class PanelEditor(WhatIfControls):
                     predicted = ()
                 self.timeline_pane.object = F.gantt_figure(predicted, vm.gantt_bars(s.measured))
                 self.cost_pane.object = F.cost_figure(vm.cost_view(s.plan, s.previous))
-                self.cluster_pane.object = F.cluster_map_figure(vm.cluster_map(s.graph, s.plan))
+                self.cluster_pane.object = F.cluster_map_figure(cmap.cluster_map(s.graph, s.plan))
                 self.diff_pane.object = ("" if s.previous is None
-                                         else vm.plan_diff_html(vm.plan_diff(s.previous, s.plan)))
+                                         else compare.plan_diff_html(compare.plan_diff(s.previous, s.plan)))
                 self._drawn = (s.plan, s.measured)
         finally:
             self._syncing = False

@@ -13,6 +13,8 @@ import plotly.graph_objects as go
 
 from alpaviz.core import Cluster, OpGraph, Plan, trace
 from alpaviz.widgets import _figures as F
+from alpaviz.widgets import _cluster_map as cmap
+from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
@@ -169,15 +171,15 @@ class PlanEditor(WhatIfControls, W.VBox):
             self._draw_cuts()
             self._draw_submeshes()
             self._fill_sharding()
-            self.comparison.value = vm.comparison_html(vm.comparison_rows(s.comparison))
+            self.comparison.value = compare.comparison_html(compare.comparison_rows(s.comparison))
             drawn = (s.plan, s.measured)
             if getattr(self, "_drawn", None) != drawn:
                 self._draw_graph()
                 self._draw_timeline()
                 _replace_figure(self.cost_figure, F.cost_figure(vm.cost_view(s.plan, s.previous)))
-                _replace_figure(self.cluster_figure, F.cluster_map_figure(vm.cluster_map(s.graph, s.plan)))
+                _replace_figure(self.cluster_figure, F.cluster_map_figure(cmap.cluster_map(s.graph, s.plan)))
                 self.diff.value = ("" if s.previous is None
-                                   else vm.plan_diff_html(vm.plan_diff(s.previous, s.plan)))
+                                   else compare.plan_diff_html(compare.plan_diff(s.previous, s.plan)))
                 self._drawn = drawn
         finally:
             self._syncing = False

@@ -9,8 +9,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from alpaviz.widgets._view_model import (
-    MEMORY_PARTS, ClusterMap, CostView, GanttBar, GraphView, ShardingRow, byte_unit, node_size,
+    MEMORY_PARTS, CostView, GanttBar, GraphView, ShardingRow, byte_unit, node_size,
 )
+from alpaviz.widgets._cluster_map import ClusterMap
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6")
 KIND_COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "update": "#54A24B"}

@@ -11,6 +11,7 @@ import plotly.io as pio
 
 from alpaviz.core import OpGraph, Plan, Timeline, predicted_timeline
 from alpaviz.widgets import _figures as F
+from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _view_model as vm
 
 
@@ -50,7 +51,7 @@ def section_html(section: ReportSection, first: bool) -> str:
     plan, graph = section.plan, section.graph
     predicted = predicted_timeline(plan, graph)
     figures = [
-        F.cluster_map_figure(vm.cluster_map(graph, plan)),
+        F.cluster_map_figure(cmap.cluster_map(graph, plan)),
         F.graph_figure(vm.layer_graph_view(graph, plan)),
         F.gantt_figure(vm.gantt_bars(predicted), vm.gantt_bars(section.measured)),
         F.cost_figure(vm.cost_view(plan)),

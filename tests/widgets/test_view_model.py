@@ -10,6 +10,8 @@ from alpaviz.core import Layer, PredictedCost, Schedule, SolverInfo, Stage, Stag
 from alpaviz.core.plan._spec import shard_shape
 from alpaviz.core.runtime._timeline import Timeline, TimelineEvent
 from alpaviz.widgets import _edits
+from alpaviz.widgets import _cluster_map as cmap
+from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._session import EditorSession, WhatIf
 
@@ -257,7 +259,7 @@ def test_cluster_map_places_every_device_and_prices_what_crosses_each_cut():
     graph = tiny_graph()
     cluster = av.Cluster.a100_node(2, 2)
     plan = hand_plan(graph, cuts=(2,), cluster=cluster)
-    view = vm.cluster_map(graph, plan)
+    view = cmap.cluster_map(graph, plan)
     assert [c.device for c in view.cells] == list(range(4)) and {c.host for c in view.cells} == {0, 1}
     for stage in plan.stages:
         cells = [c for c in view.cells if c.stage == stage.index]
@@ -278,10 +280,10 @@ def test_cluster_map_places_every_device_and_prices_what_crosses_each_cut():
 def test_plan_diff_names_what_a_resolve_changed():
     graph = tiny_graph()
     old, new = hand_plan(graph, cuts=(2,)), hand_plan(graph, cuts=(1,), step_scale=0.5)
-    changes = {c.what: c for c in vm.plan_diff(old, new)}
+    changes = {c.what: c for c in compare.plan_diff(old, new)}
     assert changes["cuts before layers"].before == "2" and changes["cuts before layers"].after == "1"
     assert changes["stage 0"].before.startswith("layers 0-1") and changes["stage 0"].after.startswith("layers 0-0")
     change = 100 * (new.predicted.step_time_s / old.predicted.step_time_s - 1)
     assert f"{change:+.1f}%" in changes["step time"].after
-    assert vm.plan_diff(old, old) == () and "same plan" in vm.plan_diff_html(())
-    assert "<td>cuts before layers</td>" in vm.plan_diff_html(vm.plan_diff(old, new))
+    assert compare.plan_diff(old, old) == () and "same plan" in compare.plan_diff_html(())
+    assert "<td>cuts before layers</td>" in compare.plan_diff_html(compare.plan_diff(old, new))
