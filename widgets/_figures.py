@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from alpaviz.widgets._view_model import (
-    MEMORY_PARTS, CostView, GanttBar, GraphView, ShardingRow, byte_unit, node_size,
+    MEMORY_PARTS, CostView, GanttBar, GraphView, ShardingRow, bubble_share, byte_unit, idle_gaps, node_size,
 )
 from alpaviz.widgets._cluster_map import ClusterMap
 
@@ -72,11 +72,19 @@ def _gantt_traces(bars: Sequence[GanttBar]) -> list[go.Bar]:
 
 
 def gantt_figure(predicted: Sequence[GanttBar], measured: Sequence[GanttBar] = ()) -> go.Figure:
-    """Forward/backward per microbatch per stage; gaps are the bubble. Predicted left, measured right."""
+    """Forward/backward per microbatch per stage, idle stretches shaded as the bubble and its share in the
+    title. Predicted left, measured right, each on its own time axis."""
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=(
-        "predicted" if predicted else "predicted (not available)",
-        "measured" if measured else "measured (press Launch)"))
+        f"predicted: bubble {bubble_share(predicted):.0%}" if predicted else "predicted (not available)",
+        f"measured: bubble {bubble_share(measured):.0%}" if measured else "measured (press Launch)"))
     for col, bars in ((1, predicted), (2, measured)):
+        gaps = idle_gaps(bars)
+        if gaps:
+            fig.add_trace(go.Bar(
+                orientation="h", name="idle (bubble)", marker_color="#E8E8E8", showlegend=col == 1,
+                base=[s * 1e3 for _, s, _ in gaps], x=[(e - s) * 1e3 for _, s, e in gaps],
+                y=[f"stage {stage}" for stage, _, _ in gaps], hoverinfo="skip",
+            ), row=1, col=col)
         for trace in _gantt_traces(bars):
             trace.showlegend = col == 1
             fig.add_trace(trace, row=1, col=col)

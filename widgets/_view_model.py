@@ -367,6 +367,33 @@ def gantt_bars(timeline: Timeline | None) -> tuple[GanttBar, ...]:
     )
 
 
+def idle_gaps(bars: Sequence[GanttBar]) -> tuple[tuple[int, float, float], ...]:
+    """(stage, start, end) of every stretch a stage sits idle between the step's first and last bar."""
+    if not bars:
+        return ()
+    first, last = min(b.start_s for b in bars), max(b.end_s for b in bars)
+    gaps = []
+    for stage in sorted({b.stage for b in bars}):
+        cursor = first
+        for b in sorted((b for b in bars if b.stage == stage), key=lambda b: b.start_s):
+            if b.start_s > cursor:
+                gaps.append((stage, cursor, b.start_s))
+            cursor = max(cursor, b.end_s)
+        if cursor < last:
+            gaps.append((stage, cursor, last))
+    return tuple(gaps)
+
+
+def bubble_share(bars: Sequence[GanttBar]) -> float:
+    """Idle device-time over all stages' time from the step's first bar to its last: the pipeline bubble."""
+    if not bars:
+        return 0.0
+    span = max(b.end_s for b in bars) - min(b.start_s for b in bars)
+    stages = len({b.stage for b in bars})
+    idle = sum(end - start for _, start, end in idle_gaps(bars))
+    return idle / (span * stages) if span > 0 else 0.0
+
+
 # ---- cost panel -----------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class CostView:

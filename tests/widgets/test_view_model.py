@@ -287,3 +287,16 @@ def test_plan_diff_names_what_a_resolve_changed():
     assert f"{change:+.1f}%" in changes["step time"].after
     assert compare.plan_diff(old, old) == () and "same plan" in compare.plan_diff_html(())
     assert "<td>cuts before layers</td>" in compare.plan_diff_html(compare.plan_diff(old, new))
+
+
+def test_the_timeline_shades_each_stages_idle_time_and_writes_the_bubble_share():
+    from alpaviz.widgets import _figures as F
+
+    bar = lambda stage, start, end: vm.GanttBar(stage, 0, "forward", start, end, "predicted")  # noqa: E731
+    bars = (bar(0, 0.0, 1.0), bar(0, 2.0, 3.0), bar(1, 1.0, 2.0))
+    assert vm.idle_gaps(bars) == ((0, 1.0, 2.0), (1, 0.0, 1.0), (1, 2.0, 3.0))
+    assert vm.bubble_share(bars) == pytest.approx(3 / 6)
+    fig = F.gantt_figure(bars)
+    assert fig.layout.annotations[0].text == "predicted: bubble 50%"
+    idle = next(t for t in fig.data if t.name == "idle (bubble)")
+    assert list(idle.x) == [1e3, 1e3, 1e3] and list(idle.y) == ["stage 0", "stage 1", "stage 1"]
