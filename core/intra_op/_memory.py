@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 from alpaviz.core.cost import LogicalMesh
 from alpaviz.core.graph import RECOMPUTABLE, OpGraph, stored_residuals
 from alpaviz.core.intra_op._dim_labels import IDENTITY
+from alpaviz.core.intra_op._sharding_ilp import WorkingSet, working_set_bytes
 from alpaviz.core.intra_op._simplify import Simplified
 from alpaviz.core.intra_op._strategies import shard_bytes
 from alpaviz.core.plan import MemoryBreakdown
@@ -73,10 +74,6 @@ def kept_tensors(graph: OpGraph, simp: Simplified, state_inputs: frozenset[str])
     return KeptTensors(tuple(params), tuple(opt), tuple(grads), tuple(t for t in acts if t in stored))
 
 
-# Operators XLA fuses into their neighbours: no working set of their own.
-_CHEAP = RECOMPUTABLE
-
-
 @dataclasses.dataclass(frozen=True)
 class MemoryRows:
     """Per-device bytes as functions of the ILP's choice: linear rows per category, and working sets.
@@ -89,7 +86,7 @@ class MemoryRows:
     """
 
     rows: Mapping[str, tuple[tuple[float, ...], ...]]
-    working_sets: tuple[tuple[float, tuple[tuple[int, int, float], ...]], ...]
+    working_sets: tuple[WorkingSet, ...]
 
     @property
     def linear(self) -> tuple[tuple[float, ...], ...]:
@@ -98,13 +95,9 @@ class MemoryRows:
         return tuple(tuple(sum(c[g][k] for c in columns) for k in range(len(columns[0][g])))
                      for g in range(len(columns[0])))
 
-    def working_set(self, index: int, choice: Sequence[int]) -> float:
-        constant, terms = self.working_sets[index]
-        return constant + sum(b for g, k, b in terms if choice[g] == k)
-
     def breakdown(self, choice: Sequence[int]) -> MemoryBreakdown:
         total = {c: float(sum(rows[g][k] for g, k in enumerate(choice))) for c, rows in self.rows.items()}
-        largest = max((self.working_set(j, choice) for j in range(len(self.working_sets))), default=0.0)
+        largest = max((working_set_bytes(ws, choice) for ws in self.working_sets), default=0.0)
         return MemoryBreakdown(total["params"], total["optimizer_state"], total["gradients"],
                                total["activations"], largest)
 
@@ -148,7 +141,7 @@ def memory_rows(graph: OpGraph, simp: Simplified, kept: KeptTensors, mesh: Logic
     working: dict = {}
     for name in simp.nodes:
         node = graph.node(name)
-        if node.primitive in IDENTITY or node.primitive in _CHEAP:
+        if node.primitive in IDENTITY or node.primitive in RECOMPUTABLE:  # fused into their neighbours
             continue
         constant, terms = 0.0, []
         for t in dict.fromkeys(simp.resolve(raw) for raw in node.inputs + node.outputs):

@@ -42,6 +42,10 @@ class Equal:
     b_key: tuple[Hashable, ...]
 
 
+# One operator's transient bytes: (constant, ((group, option, bytes), ...)).
+WorkingSet = tuple[float, tuple[tuple[int, int, float], ...]]
+
+
 @dataclasses.dataclass(frozen=True)
 class IlpProblem:
     unary: tuple[tuple[float, ...], ...]
@@ -51,16 +55,20 @@ class IlpProblem:
     memory: tuple[tuple[float, ...], ...] | None = None
     memory_limit: float | None = None
     constant: float = 0.0
-    # Transient bytes of one operator while it runs: (constant, ((group, option, bytes), ...)).  The peak is
-    # the memory rows plus the largest of these.
-    working_sets: tuple[tuple[float, tuple[tuple[int, int, float], ...]], ...] = ()
+    # The peak is the memory rows plus the largest working set.
+    working_sets: tuple[WorkingSet, ...] = ()
+
+
+def working_set_bytes(working_set: WorkingSet, choice: Sequence[int]) -> float:
+    """One operator's transient bytes under an assignment: the constant plus the terms it picks."""
+    constant, terms = working_set
+    return constant + sum(b for g, k, b in terms if choice[g] == k)
 
 
 def peak_memory(problem: IlpProblem, choice: Sequence[int]) -> float:
     """The memory rows of one assignment plus its largest working set (what the memory limit bounds)."""
     used = sum(problem.memory[g][k] for g, k in enumerate(choice)) if problem.memory else 0.0
-    return used + max((c + sum(b for g, k, b in terms if choice[g] == k) for c, terms in problem.working_sets),
-                      default=0.0)
+    return used + max((working_set_bytes(ws, choice) for ws in problem.working_sets), default=0.0)
 
 
 @dataclasses.dataclass(frozen=True)
