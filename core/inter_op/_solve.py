@@ -29,7 +29,7 @@ from alpaviz.core.inter_op._stage_dp import (
     pipeline_latency, solve_stages,
 )
 from alpaviz.core.inter_op._stage_profile import (
-    StageProfileCache, boundary_link, mesh_choices, profile_layers, stage_cost_table,
+    StageProfileCache, boundary_link, mesh_choices, profile_layers, profiled_mesh, stage_cost_table,
 )
 from alpaviz.core.plan import (
     Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, format_bytes, graph_fingerprint,
@@ -187,7 +187,7 @@ def evaluate_stages(
 
 
 def _reason(setup: SolveSetup, stage: StageChoice) -> str:
-    profiled = stage.mesh % len(setup.profiles.meshes)  # a rematerialised choice shares its mesh's profiles
+    profiled = profiled_mesh(setup.profiles, stage.mesh)
     reasons = {setup.profiles.profiles[l][profiled].reason for l in range(stage.start, stage.stop)}
     return "; ".join(sorted(r for r in reasons if r)) or "no layer profile"
 
@@ -357,7 +357,7 @@ def assemble_plan(
     stages, recvs, totals = [], [], {"compute_s": 0.0, "communication_s": 0.0, "resharding_s": 0.0}
     statuses = set()
     for i, (choice, mesh, first) in enumerate(zip(solution.stages, meshes, firsts)):
-        profiled = choice.mesh % len(profiles.meshes)  # a rematerialised choice reuses its mesh's profiles
+        profiled = profiled_mesh(profiles, choice.mesh)
         rows = [(profiles.layers[l], profiles.profiles[l][profiled]) for l in range(choice.start, choice.stop)]
         statuses.update(p.status for _, p in rows)
         fwd = sum(p.forward_s for _, p in rows)
@@ -372,11 +372,11 @@ def assemble_plan(
         memory = functools.reduce(operator.add, (p.memory for _, p in rows)).with_in_flight(
             in_flight(i, n, num_microbatches, schedule))
         recompute = 0.0
-        if mesh.remat:  # the forward runs again in the backward; only the stage's inputs wait in flight
+        if mesh.remat:  # the forward runs again in the backward; the table holds what then stays in memory
             recompute = fwd
-            memory = dataclasses.replace(
-                memory, activations=float(setup.table.activation_bytes[choice.start, choice.stop, choice.mesh]),
-                temporaries=memory.temporaries + memory.activations)
+            at = (choice.start, choice.stop, choice.mesh)
+            memory = dataclasses.replace(memory, activations=float(setup.table.activation_bytes[at]),
+                                         temporaries=float(setup.table.temp_bytes[at]))
         for key in totals:
             totals[key] += sum(getattr(p, key) for _, p in rows)
         strategies: dict[str, str] = {}

@@ -327,6 +327,12 @@ def boundary_link(cluster: Cluster, submesh: tuple[int, int]) -> Link:
     return cluster.intra_host
 
 
+def profiled_mesh(profiles: ProfileTable, table_mesh: int) -> int:
+    """The profile column of a stage cost table's mesh choice: the table lists every mesh twice (keeping
+    activations, then recomputing), and both share the mesh's layer profiles."""
+    return table_mesh % len(profiles.meshes)
+
+
 def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostModel) -> StageCostTable:
     """Sum layer profiles over every layer range and add the boundary transfers."""
     num_layers, num_meshes = len(table.layers), len(table.meshes)

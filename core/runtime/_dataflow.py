@@ -153,7 +153,7 @@ def analyze(
     for stage in plan.stages:
         key = (stage.index, "backward")
         forward = own[(stage.index, "forward")]
-        if getattr(stage, "remat", False):
+        if stage.remat:
             members[key] = forward + own[key]
         else:
             chain = _cheap_recompute(graph, forward, own[key])

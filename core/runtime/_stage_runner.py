@@ -166,6 +166,19 @@ class StageRunner:
         """
         if roles in self._groups:
             return self._groups[roles]
+        nodes, inputs, outputs = self._select(roles, keep_reductions=True)
+        accumulated = tuple(t for r in roles for t in self._accumulated(r))
+        donated = self._donated_names(roles, inputs, outputs)
+        group = _Group(roles, nodes, inputs, outputs, accumulated, donated)
+        self._groups[roles] = group
+        return group
+
+    def _select(self, roles: tuple[str, ...], keep_reductions: bool) -> tuple[tuple, tuple[str, ...], tuple[str, ...]]:
+        """The nodes of these tasks in graph order, what they read from outside, and the results that leave.
+
+        A result leaves when a task outside them or the step's result needs
+        it, and, with `keep_reductions`, when a microbatch reduction does.
+        """
         tasks = [self.tasks[r] for r in roles]
         members = {(self.index, r) for r in roles}
         names = {n for task in tasks for n in task.nodes}
@@ -174,13 +187,10 @@ class StageRunner:
         inputs = tuple(dict.fromkeys(t for task in tasks for t in task.inputs if t not in produced))
         outputs = tuple(dict.fromkeys(
             t for task in tasks for t in task.outputs
-            if t in self._graph_outputs or t in self.reduction or self._readers.get(t, set()) - members
+            if t in self._graph_outputs or (keep_reductions and t in self.reduction)
+            or self._readers.get(t, set()) - members
         ))
-        accumulated = tuple(t for r in roles for t in self._accumulated(r))
-        donated = self._donated_names(roles, inputs, outputs)
-        group = _Group(roles, nodes, inputs, outputs, accumulated, donated)
-        self._groups[roles] = group
-        return group
+        return nodes, inputs, outputs
 
     def _accumulated(self, role: str) -> tuple[str, ...]:
         if self.num_microbatches == 1 or is_update(role):
@@ -255,16 +265,7 @@ class StageRunner:
         replaced state donated; nothing is allocated or run.
         """
         roles = tuple(self.tasks)
-        tasks = [self.tasks[r] for r in roles]
-        names = {n for task in tasks for n in task.nodes}
-        nodes = tuple(node for node in self.graph.nodes if node.name in names)
-        produced = {t for node in nodes for t in node.outputs}
-        inputs = tuple(dict.fromkeys(t for task in tasks for t in task.inputs if t not in produced))
-        members = {(self.index, r) for r in roles}
-        outputs = tuple(dict.fromkeys(
-            t for task in tasks for t in task.outputs
-            if t in self._graph_outputs or self._readers.get(t, set()) - members
-        ))
+        nodes, inputs, outputs = self._select(roles, keep_reductions=False)
         replaced = {self.aliases[t] for t in outputs if t in self.aliases}
         donated = tuple(t for t in inputs if t in replaced)
         group = _Group(roles, nodes, inputs, outputs, (), donated)
