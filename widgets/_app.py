@@ -144,10 +144,11 @@ class PanelEditor(WhatIfControls):
             if getattr(self, "_drawn", None) != (s.plan, s.measured):  # pin edits leave the plan's figures
                 self._draw_graph()
                 try:
-                    predicted = vm.gantt_bars(s.predicted_timeline())
+                    predicted = s.predicted_timeline()
                 except Exception:  # a simulator failure must not hide the rest of the page
-                    predicted = ()
-                self.timeline_pane.object = F.gantt_figure(predicted, vm.gantt_bars(s.measured))
+                    predicted = None
+                self.timeline_pane.object = F.gantt_figure(
+                    vm.gantt_bars(predicted), vm.gantt_bars(s.measured), vm.bubble_fractions(predicted, s.measured))
                 self.cost_pane.object = F.cost_figure(vm.cost_view(s.plan, s.previous))
                 self.cluster_pane.object = F.cluster_map_figure(cmap.cluster_map(s.graph, s.plan))
                 self.diff_pane.object = ("" if s.previous is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from alpaviz.core import OpGraph, Plan
-from alpaviz.widgets._view_model import byte_unit
+from alpaviz.core.plan import format_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +39,9 @@ class StageTransfer:
 
     @property
     def label(self) -> str:
-        unit, size = byte_unit(max(self.nbytes, 1.0))
         where = "across hosts" if self.inter_host else "inside a host"
         each = "per step" if self.kind == "update" else "per microbatch"
-        return (f"S{self.src}→S{self.dst} {self.kind}: {self.nbytes / size:.3g} {unit} {each}, "
+        return (f"S{self.src}→S{self.dst} {self.kind}: {format_bytes(self.nbytes)} {each}, "
                 f"{self.seconds * 1e3:.3g} ms {where}")
 
 

@@ -284,10 +284,11 @@ class PlanEditor(WhatIfControls, W.VBox):
     def _draw_timeline(self) -> None:
         s = self.session
         try:
-            predicted = vm.gantt_bars(s.predicted_timeline())
+            predicted = s.predicted_timeline()
         except Exception:  # a simulator failure must not hide the rest of the editor
-            predicted = ()
-        _replace_figure(self.timeline_figure, F.gantt_figure(predicted, vm.gantt_bars(s.measured)))
+            predicted = None
+        _replace_figure(self.timeline_figure, F.gantt_figure(
+            vm.gantt_bars(predicted), vm.gantt_bars(s.measured), vm.bubble_fractions(predicted, s.measured)))
 
 
 def editor(fn_or_plan: Callable[..., Any] | Plan, *args: Any, cluster=None, graph: OpGraph | None = None,

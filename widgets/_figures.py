@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from alpaviz.widgets._view_model import (
-    MEMORY_PARTS, CostView, GanttBar, GraphView, ShardingRow, bubble_share, byte_unit, idle_gaps, node_size,
+    MEMORY_PARTS, CostView, GanttBar, GraphView, ShardingRow, byte_unit, idle_gaps, node_size,
 )
 from alpaviz.widgets._cluster_map import ClusterMap
 
@@ -71,12 +71,18 @@ def _gantt_traces(bars: Sequence[GanttBar]) -> list[go.Bar]:
     return traces
 
 
-def gantt_figure(predicted: Sequence[GanttBar], measured: Sequence[GanttBar] = ()) -> go.Figure:
-    """Forward/backward per microbatch per stage, idle stretches shaded as the bubble and its share in the
-    title. Predicted left, measured right, each on its own time axis."""
+def gantt_figure(predicted: Sequence[GanttBar], measured: Sequence[GanttBar] = (),
+                 bubbles: Sequence[float | None] = (None, None)) -> go.Figure:
+    """Forward/backward per microbatch per stage, idle stretches shaded as the bubble. Predicted left,
+    measured right, each on its own time axis; `bubbles` (`vm.bubble_fractions`) go in the titles."""
+    def title(name: str, bars: Sequence[GanttBar], bubble: float | None, missing: str) -> str:
+        if not bars:
+            return f"{name} ({missing})"
+        return name if bubble is None else f"{name}: bubble {bubble:.0%}"
+
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=(
-        f"predicted: bubble {bubble_share(predicted):.0%}" if predicted else "predicted (not available)",
-        f"measured: bubble {bubble_share(measured):.0%}" if measured else "measured (press Launch)"))
+        title("predicted", predicted, bubbles[0], "not available"),
+        title("measured", measured, bubbles[1], "press Launch")))
     for col, bars in ((1, predicted), (2, measured)):
         gaps = idle_gaps(bars)
         if gaps:

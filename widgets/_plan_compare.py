@@ -6,7 +6,7 @@ import dataclasses
 from typing import Sequence
 
 from alpaviz.core import Plan
-from alpaviz.widgets._view_model import byte_unit
+from alpaviz.core.plan import format_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,11 +24,6 @@ def _stage_text(stage) -> str:
     return text + (", recomputes" if stage.remat else "")
 
 
-def _bytes_text(nbytes: float) -> str:
-    unit, size = byte_unit(max(nbytes, 1.0))
-    return f"{nbytes / size:.3g} {unit}"
-
-
 def plan_diff(before: Plan, after: Plan) -> tuple[PlanChange, ...]:
     """What a re-solve changed: step time, memory, microbatches, stages and meshes, strategies."""
     changes = []
@@ -38,8 +33,8 @@ def plan_diff(before: Plan, after: Plan) -> tuple[PlanChange, ...]:
         changes.append(PlanChange("step time", f"{b.step_time_s * 1e3:.4g} ms",
                                   f"{a.step_time_s * 1e3:.4g} ms ({pct:+.1f}%)"))
     if b.max_memory_bytes != a.max_memory_bytes:
-        changes.append(PlanChange("peak memory per device", _bytes_text(b.max_memory_bytes),
-                                  _bytes_text(a.max_memory_bytes)))
+        changes.append(PlanChange("peak memory per device", format_bytes(b.max_memory_bytes),
+                                  format_bytes(a.max_memory_bytes)))
     if before.schedule != after.schedule:
         changes.append(PlanChange("schedule", f"{before.schedule.kind} x {before.schedule.num_microbatches}",
                                   f"{after.schedule.kind} x {after.schedule.num_microbatches}"))
@@ -117,7 +112,7 @@ def comparison_html(rows: Sequence[ComparisonRow]) -> str:
             continue
         cells = "".join(f"<td>{v * 1e3:.4g}</td>" for _, v in r.parts)
         body += (f"<tr><td>{html.escape(r.name)}</td><td>{r.step_s * 1e3:.4g}</td><td>{r.step_s / best:.3f}</td>"
-                 f"{cells}<td>{html.escape(_bytes_text(r.peak_memory_bytes))}</td>"
+                 f"{cells}<td>{html.escape(format_bytes(r.peak_memory_bytes))}</td>"
                  f"<td>{html.escape(r.stages)}</td></tr>")
     return ("<table style='border-collapse:collapse'><tr><th>plan</th><th>step ms</th><th>vs fastest</th>"
             f"{head}<th>peak memory</th><th>stages</th></tr>{body}</table>")

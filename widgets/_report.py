@@ -53,7 +53,8 @@ def section_html(section: ReportSection, first: bool) -> str:
     figures = [
         F.cluster_map_figure(cmap.cluster_map(graph, plan)),
         F.graph_figure(vm.layer_graph_view(graph, plan)),
-        F.gantt_figure(vm.gantt_bars(predicted), vm.gantt_bars(section.measured)),
+        F.gantt_figure(vm.gantt_bars(predicted), vm.gantt_bars(section.measured),
+                       vm.bubble_fractions(predicted, section.measured)),
         F.cost_figure(vm.cost_view(plan)),
     ]
     divs = [_figure_div(fig, first and i == 0) for i, fig in enumerate(figures)]

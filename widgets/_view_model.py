@@ -384,14 +384,9 @@ def idle_gaps(bars: Sequence[GanttBar]) -> tuple[tuple[int, float, float], ...]:
     return tuple(gaps)
 
 
-def bubble_share(bars: Sequence[GanttBar]) -> float:
-    """Idle device-time over all stages' time from the step's first bar to its last: the pipeline bubble."""
-    if not bars:
-        return 0.0
-    span = max(b.end_s for b in bars) - min(b.start_s for b in bars)
-    stages = len({b.stage for b in bars})
-    idle = sum(end - start for _, start, end in idle_gaps(bars))
-    return idle / (span * stages) if span > 0 else 0.0
+def bubble_fractions(*timelines: Timeline | None) -> tuple[float | None, ...]:
+    """Each timeline's own bubble share (`Timeline.bubble_fraction`), None where there is no timeline."""
+    return tuple(None if t is None else t.bubble_fraction for t in timelines)
 
 
 # ---- cost panel -----------------------------------------------------------

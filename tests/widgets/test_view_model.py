@@ -292,11 +292,14 @@ def test_plan_diff_names_what_a_resolve_changed():
 def test_the_timeline_shades_each_stages_idle_time_and_writes_the_bubble_share():
     from alpaviz.widgets import _figures as F
 
-    bar = lambda stage, start, end: vm.GanttBar(stage, 0, "forward", start, end, "predicted")  # noqa: E731
-    bars = (bar(0, 0.0, 1.0), bar(0, 2.0, 3.0), bar(1, 1.0, 2.0))
+    events = (TimelineEvent(0, 0, "forward", 0.0, 1.0), TimelineEvent(0, 1, "forward", 2.0, 3.0),
+              TimelineEvent(1, 0, "forward", 1.0, 2.0))
+    timeline = Timeline(events, 2, 2, "1f1b", "predicted")
+    bars = vm.gantt_bars(timeline)
     assert vm.idle_gaps(bars) == ((0, 1.0, 2.0), (1, 0.0, 1.0), (1, 2.0, 3.0))
-    assert vm.bubble_share(bars) == pytest.approx(3 / 6)
-    fig = F.gantt_figure(bars)
+    assert vm.bubble_fractions(timeline, None) == (pytest.approx(3 / 6), None)
+    fig = F.gantt_figure(bars, (), vm.bubble_fractions(timeline, None))
     assert fig.layout.annotations[0].text == "predicted: bubble 50%"
+    assert fig.layout.annotations[1].text == "measured (press Launch)"
     idle = next(t for t in fig.data if t.name == "idle (bubble)")
     assert list(idle.x) == [1e3, 1e3, 1e3] and list(idle.y) == ["stage 0", "stage 1", "stage 1"]
