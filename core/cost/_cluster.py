@@ -71,13 +71,16 @@ class LogicalMesh:
     """A submesh seen as a 2-D grid of devices, with the link each axis uses.
 
     Axis 1 always stays inside a host; axis 0 crosses hosts when the
-    submesh spans more than one.
+    submesh spans more than one (`num_hosts` > 1).  The devices of a host
+    share its network link: collectives that run at once over axis 0 in
+    separate groups each get a share of it.
     """
 
     shape: tuple[int, int]
     device_ids: tuple[int, ...]
     axis_links: tuple[Link, Link]
     axis_names: tuple[str, str] = AXIS_NAMES
+    num_hosts: int = 1
 
     def __post_init__(self) -> None:
         if len(self.shape) != 2 or min(self.shape) < 1:
@@ -99,11 +102,19 @@ class LogicalMesh:
         return math.prod(self.shape[a] for a in axes)
 
     def axis_link(self, axes: int | tuple[int, ...]) -> Link:
-        """The slowest link among `axes`: a collective over them is bound by it."""
+        """The slowest link among `axes`: a collective over them is bound by it.
+
+        Across hosts, the groups of a collective over `axes` run at once and each host's link carries one
+        ring stream per group, so each group gets 1/groups of it (a collective over both axes is one group).
+        """
         if isinstance(axes, int):
             axes = (axes,)
         links = [self.axis_links[a] for a in axes if self.shape[a] > 1] or [self.axis_links[a] for a in axes]
-        return min(links, key=lambda link: link.bandwidth_bytes_per_s)
+        link = min(links, key=lambda link: link.bandwidth_bytes_per_s)
+        groups = self.num_devices // self.axis_size(axes)
+        if self.num_hosts > 1 and 0 in axes and self.shape[0] > 1 and groups > 1:
+            return Link(link.alpha_s, link.bandwidth_bytes_per_s / groups)
+        return link
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +308,8 @@ class Cluster:
             )
         device_ids = tuple(range(first_device, first_device + hosts * per_host))
         axis0 = self.inter_host if hosts > 1 else self.intra_host
-        return LogicalMesh(shape=logical_shape, device_ids=device_ids, axis_links=(axis0, self.intra_host))
+        return LogicalMesh(shape=logical_shape, device_ids=device_ids, axis_links=(axis0, self.intra_host),
+                           num_hosts=hosts)
 
     def with_links(self, intra_host: Link | None = None, inter_host: Link | None = None) -> "Cluster":
         """A copy with other link figures, for what-if planning."""

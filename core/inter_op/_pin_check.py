@@ -149,9 +149,13 @@ def diagnose(setup: SolveSetup, pins: Pins, num_microbatches: int, schedule: Sch
         if not feasible(_union([p for _, p in trial]), math.inf):
             conflict = trial
     names = [name for name, _ in conflict]
+    placement = ""
+    if cluster.num_hosts > 1 and any(p.stage_submeshes for _, p in conflict):
+        placement = (f" (stages sit on the devices in pipeline order, so a stage inside a host of "
+                     f"{cluster.devices_per_host} devices may not straddle two hosts)")
     return InfeasiblePinsError(
         f"these pins cannot all hold (with {cluster.num_devices} devices and {n_layers} layers, "
-        f"whatever the memory): {names}; unpin one of them"
+        f"whatever the memory){placement}: {names}; unpin one of them"
     )
 
 

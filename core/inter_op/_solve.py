@@ -26,10 +26,10 @@ from alpaviz.core.inter_op._setup import SolveSetup
 from alpaviz.core.inter_op._stage_cost import StageCostFn, default_stage_cost, ilp_available
 from alpaviz.core.inter_op._stage_dp import (
     MeshChoice, NoStagePlanError, ScheduleKind, StageChoice, StageSolution, in_flight,
-    pipeline_latency, solve_stages,
+    pipeline_latency, solve_stages, stage_offsets,
 )
 from alpaviz.core.inter_op._stage_profile import (
-    StageProfileCache, boundary_link, mesh_choices, profile_layers, profiled_mesh, stage_cost_table,
+    StageProfileCache, cut_link, mesh_choices, profile_layers, profiled_mesh, stage_cost_table, step_link,
 )
 from alpaviz.core.plan import (
     Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, format_bytes, graph_fingerprint,
@@ -162,8 +162,15 @@ def evaluate_stages(
     if used != setup.cluster.num_devices:
         raise InfeasiblePinsError(f"the stages use {used} devices but the cluster has {setup.cluster.num_devices}")
     times, updates = [], []
-    for i, s in enumerate(stages):
-        time_s = float(table.time_s[s.start, s.stop, s.mesh])
+    for i, (s, first) in enumerate(zip(stages, stage_offsets(table, stages))):
+        size = table.meshes[s.mesh].num_devices
+        if not table.placeable(first, size):
+            raise InfeasiblePinsError(
+                f"stage {i} on submesh {table.meshes[s.mesh].submesh} would start at device {first} and straddle "
+                f"two hosts of {setup.cluster.devices_per_host} devices (stages sit on the devices in pipeline "
+                f"order); reorder the stages so that the stages inside each host fill it"
+            )
+        time_s = table.stage_time(s, first)
         if not math.isfinite(time_s):
             raise InfeasiblePinsError(
                 f"stage {i} (layers {s.start}..{s.stop - 1}) cannot run on submesh "
@@ -308,31 +315,6 @@ def _stages_of(plan: Plan | None, setup: SolveSetup) -> tuple[StageChoice, ...]:
 # ---- the plan ----------------------------------------------------------------
 
 
-def place_stages(submeshes: Sequence[tuple[int, int]], cluster: Cluster) -> list[int]:
-    """First device of each stage's submesh: whole hosts first, then first-fit decreasing inside hosts."""
-    first = [0] * len(submeshes)
-    per_host = cluster.devices_per_host
-    used = [0] * cluster.num_hosts
-    host = 0
-    order = sorted(range(len(submeshes)), key=lambda i: -submeshes[i][0] * submeshes[i][1])
-    for i in order:
-        hosts, width = submeshes[i]
-        if hosts > 1 or width == per_host:
-            first[i] = host * per_host
-            for h in range(host, host + hosts):
-                used[h] = per_host
-            host += hosts
-            continue
-        for h in range(cluster.num_hosts):
-            if per_host - used[h] >= width:
-                first[i] = h * per_host + used[h]
-                used[h] += width
-                break
-        else:
-            raise ValueError(f"submeshes {list(submeshes)} do not pack into {cluster.name}")
-    return first
-
-
 def assemble_plan(
     setup: SolveSetup,
     solution: StageSolution,
@@ -353,7 +335,7 @@ def assemble_plan(
     cluster, profiles = setup.cluster, setup.profiles
     n = len(solution.stages)
     meshes = [setup.table.meshes[s.mesh] for s in solution.stages]
-    firsts = place_stages([m.submesh for m in meshes], cluster)
+    firsts = stage_offsets(setup.table, solution.stages)
     stages, recvs, totals = [], [], {"compute_s": 0.0, "communication_s": 0.0, "resharding_s": 0.0}
     statuses = set()
     for i, (choice, mesh, first) in enumerate(zip(solution.stages, meshes, firsts)):
@@ -362,13 +344,13 @@ def assemble_plan(
         statuses.update(p.status for _, p in rows)
         fwd = sum(p.forward_s for _, p in rows)
         bwd = sum(p.backward_s for _, p in rows)
-        link = boundary_link(cluster, mesh.submesh)
-        recv_in = setup.cost_model.send_recv(profiles.forward_cut_bytes[choice.start], link) if choice.start else 0.0
-        recv_back = (setup.cost_model.send_recv(profiles.backward_cut_bytes[choice.stop], link)
+        link_in, link_back = cut_link(cluster, first), cut_link(cluster, first + mesh.num_devices)
+        recv_in = setup.cost_model.send_recv(profiles.forward_cut_bytes[choice.start], link_in) if choice.start else 0.0
+        recv_back = (setup.cost_model.send_recv(profiles.backward_cut_bytes[choice.stop], link_back)
                      if choice.stop < len(profiles.layers) else 0.0)
         recvs.append(recv_in + recv_back)
         step_bytes = profiles.step_recv_bytes(choice.start, choice.stop)
-        step_recv = setup.cost_model.send_recv(step_bytes, link) if step_bytes else 0.0
+        step_recv = setup.cost_model.send_recv(step_bytes, step_link(cluster)) if step_bytes else 0.0
         memory = functools.reduce(operator.add, (p.memory for _, p in rows)).with_in_flight(
             in_flight(i, n, num_microbatches, schedule))
         recompute = 0.0

@@ -14,6 +14,14 @@ keeps the DP exact.  As in Alpa, `t_max = max_i t_i` is enumerated over the
 distinct stage costs; for each, a DP finds the least sum with every stage
 under `t_max`, and enumeration stops once no larger `t_max` can win.
 
+Placement: stages sit on the devices in pipeline order, each right after
+the one before it, so a stage's first device is fixed by the devices the
+stages after it use (the DP's state).  A stage inside a host may not
+straddle two hosts, a multi-host stage starts at a host's first device, and
+a cut between two stages is priced on the link the two devices on either
+side of it share: inside a host, or across hosts when the cut falls on a
+host's edge.
+
 Memory: a stage fits when `state + in_flight * activations + temporaries <= limit`, where
 under 1F1B stage i of n keeps `min(n - i, B)` microbatches in flight and
 under GPipe all `B`.
@@ -56,6 +64,13 @@ class StageCostTable:
     given).  Entries with k >= j or that cannot run are `inf`.
     `layer_work_s`, when given, is a per-layer lower bound on device-seconds
     (time x devices) used to skip hopeless `t_max` values.
+
+    `time_s` leaves out the transfers across a stage's two cuts when
+    `cut_in_s` / `cut_back_s` are given: per cut k, the time to receive the
+    forward activations (charged to the stage starting at k) and the
+    gradients (charged to the stage ending at k), row 0 over the link inside
+    a host, row 1 across hosts.  `devices_per_host` enables the placement
+    rules (None: one host, no rule).
     """
 
     meshes: tuple[MeshChoice, ...]
@@ -65,16 +80,62 @@ class StageCostTable:
     activation_bytes: np.ndarray
     layer_work_s: np.ndarray | None = None
     temp_bytes: np.ndarray | None = None
+    cut_in_s: np.ndarray | None = None
+    cut_back_s: np.ndarray | None = None
+    devices_per_host: int | None = None
 
     def __post_init__(self) -> None:
         shape = (self.num_layers + 1, self.num_layers + 1, len(self.meshes))
         for name in ("time_s", "update_s", "state_bytes", "activation_bytes"):
             if getattr(self, name).shape != shape:
                 raise ValueError(f"StageCostTable.{name} must have shape {shape}, got {getattr(self, name).shape}")
+        for name in ("cut_in_s", "cut_back_s"):
+            value = getattr(self, name)
+            if value is not None and value.shape != (2, self.num_layers + 1):
+                raise ValueError(f"StageCostTable.{name} must have shape {(2, self.num_layers + 1)}, got {value.shape}")
 
     @property
     def num_layers(self) -> int:
         return self.time_s.shape[0] - 1
+
+    def at_host_edge(self, device: int | np.ndarray) -> bool | np.ndarray:
+        """Whether a cut just before global device `device` falls between two hosts."""
+        if self.devices_per_host is None:
+            return np.zeros_like(device, dtype=bool) if isinstance(device, np.ndarray) else False
+        return device % self.devices_per_host == 0
+
+    def placeable(self, first: int | np.ndarray, size: int) -> bool | np.ndarray:
+        """Whether a stage of `size` devices may start at global device `first` (whole hosts start a host;
+        a stage inside a host stays inside it)."""
+        per_host = self.devices_per_host
+        if per_host is None:
+            return np.ones_like(first, dtype=bool) if isinstance(first, np.ndarray) else True
+        if size >= per_host:
+            return first % per_host == 0
+        return first // per_host == (first + size - 1) // per_host
+
+    def time_variants(self) -> np.ndarray:
+        """Stage times for each pair of cut links: [in_link, back_link, k, j, m] (0 inside a host, 1 across)."""
+        zero = np.zeros((2, self.num_layers + 1))
+        cut_in = zero if self.cut_in_s is None else self.cut_in_s
+        cut_back = zero if self.cut_back_s is None else self.cut_back_s
+        return (self.time_s[None, None] + cut_in[:, None, :, None, None] + cut_back[None, :, None, :, None])
+
+    def stage_time(self, stage: "StageChoice", first_device: int) -> float:
+        """Forward + backward per microbatch of `stage` placed at `first_device`, its cut transfers included."""
+        after = first_device + self.meshes[stage.mesh].num_devices
+        time = float(self.time_s[stage.start, stage.stop, stage.mesh])
+        if self.cut_in_s is not None:
+            time += float(self.cut_in_s[int(self.at_host_edge(first_device)), stage.start])
+        if self.cut_back_s is not None:
+            time += float(self.cut_back_s[int(self.at_host_edge(after)), stage.stop])
+        return time
+
+
+def stage_offsets(table: StageCostTable, stages: Sequence["StageChoice"]) -> list[int]:
+    """Each stage's first device: stages sit one after another in pipeline order."""
+    sizes = [table.meshes[s.mesh].num_devices for s in stages]
+    return [int(x) for x in np.cumsum([0, *sizes[:-1]])]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +252,7 @@ def solve_stages(
             on_candidate(tried, candidates.size)
     final = problem.run(best.t_max, track=True, only_n=best.n_total)
     stages = problem.trace_back(final)
-    times = [float(table.time_s[s.start, s.stop, s.mesh]) for s in stages]
+    times = [table.stage_time(s, first) for s, first in zip(stages, stage_offsets(table, stages))]
     updates = [float(table.update_s[s.start, s.stop, s.mesh]) for s in stages]
     return StageSolution(
         stages=stages,
@@ -224,7 +285,8 @@ class _Problem:
     num_devices: int
     num_microbatches: int
     schedule: ScheduleKind
-    sum_cost: np.ndarray  # time + update, inf where the range is not allowed
+    times: np.ndarray  # [in_link, back_link, k, j, m]: stage time with its cuts on those links
+    sum_cost: np.ndarray  # time + update (same axes), inf where the range is not allowed
     max_in_flight: np.ndarray  # how many microbatches of activations fit beside the state
     groups: tuple[tuple[int, np.ndarray], ...]  # (devices, mesh indices)
     max_stages: int
@@ -243,7 +305,8 @@ class _Problem:
             if 0 < cut < num_layers:
                 allowed[cut, :] = False
                 allowed[:, cut] = False
-        sum_cost = np.where(allowed[:, :, None], table.time_s + table.update_s, np.inf)
+        times = table.time_variants()
+        sum_cost = np.where(allowed[:, :, None], times + table.update_s, np.inf)
         with np.errstate(divide="ignore", invalid="ignore"):
             fixed = table.state_bytes if table.temp_bytes is None else table.state_bytes + table.temp_bytes
             free = np.where(np.isfinite(fixed), memory_limit - fixed, -np.inf)
@@ -255,7 +318,7 @@ class _Problem:
         max_stages = min(num_layers, num_devices)
         if constraints.num_stages is not None:
             max_stages = min(max_stages, constraints.num_stages)
-        return cls(table, num_devices, num_microbatches, schedule, sum_cost, max_in_flight, groups,
+        return cls(table, num_devices, num_microbatches, schedule, times, sum_cost, max_in_flight, groups,
                    max_stages, constraints)
 
     def prefer(self, stages: Sequence[StageChoice]) -> None:
@@ -265,15 +328,14 @@ class _Problem:
         finite = self.sum_cost[np.isfinite(self.sum_cost)]
         if finite.size == 0:
             return
-        penalty = np.full(self.sum_cost.shape, 1e-9 * float(finite.max()))
+        penalty = np.full(self.sum_cost.shape[2:], 1e-9 * float(finite.max()))
         for s in stages:
             if 0 <= s.start < s.stop <= self.table.num_layers and 0 <= s.mesh < len(self.table.meshes):
                 penalty[s.start, s.stop, s.mesh] = 0.0
         self.sum_cost = self.sum_cost + penalty
 
     def candidates(self) -> np.ndarray:
-        finite = self.table.time_s[np.isfinite(self.sum_cost)]
-        return np.unique(finite)
+        return np.unique(self.times[np.isfinite(self.sum_cost)])
 
     def work_bound(self) -> float:
         """A lower bound on t_max from the device-seconds every layer needs."""
@@ -298,7 +360,7 @@ class _Problem:
 
     def _run_fixed(self, t_max: float, n_total: int | None, track: bool) -> _RunResult:
         num_layers, devices, B = self.table.num_layers, self.num_devices, self.num_microbatches
-        under = self.table.time_s <= t_max
+        under = self.times <= t_max
         stage_meshes = dict(self.constraints.stage_meshes)
         previous = np.full((num_layers + 1, devices + 1), np.inf)
         previous[num_layers, 0] = 0.0
@@ -311,7 +373,7 @@ class _Problem:
             if n_total is not None and (n_total - s) in stage_meshes:
                 keep = np.zeros(len(self.table.meshes), bool)
                 keep[list(stage_meshes[n_total - s])] = True
-                cost = np.where(keep[None, None, :], cost, np.inf)
+                cost = np.where(keep, cost, np.inf)
             current, choice = self._step(cost, previous, track)
             choices.append(choice)
             if n_total is None or s == n_total:
@@ -325,31 +387,40 @@ class _Problem:
         return _RunResult(best, best_n, choices if track else None)
 
     def _step(self, cost: np.ndarray, previous: np.ndarray, track: bool):
-        """One more stage in front: F[k, d] = min_{j, m} cost[k, j, m] + F_prev[j, d - devices(m)]."""
-        num_layers, devices = self.table.num_layers, self.num_devices
+        """One more stage in front: F[k, d] = min_{j, m} cost[k, j, m] + F_prev[j, d - devices(m)].
+
+        The new stage starts at device `devices - d`; that fixes whether it may sit there and the
+        links of its two cuts (`cost` has one [k, j, m] slice per pair of links)."""
+        num_layers, devices, table = self.table.num_layers, self.num_devices, self.table
         current = np.full((num_layers + 1, devices + 1), np.inf)
         best_j = np.zeros(current.shape, np.int64) if track else None
         best_m = np.zeros(current.shape, np.int64) if track else None
+        used = np.arange(devices + 1)
+        first = devices - used
         for size, members in self.groups:
             if size > devices:
                 continue
-            group_cost = cost[:, :, members]
-            per_range = group_cost.min(axis=2)  # (k, j)
+            group_cost = cost[..., members]  # (in_link, back_link, k, j, members)
+            per_range = group_cost.min(axis=-1)
+            link_in = table.at_host_edge(first).astype(int)
+            link_back = table.at_host_edge(first + size).astype(int)
+            ok = (used >= size) & table.placeable(first, size)
+            per_d = np.where(ok[:, None, None], per_range[link_in, link_back], np.inf)  # (d, k, j)
             shifted = np.full_like(previous, np.inf)
             shifted[:, size:] = previous[:, : devices + 1 - size]
-            total = per_range[:, :, None] + shifted[None, :, :]  # (k, j, d)
+            total = per_d.transpose(1, 2, 0) + shifted[None, :, :]  # (k, j, d)
             if not track:
                 np.minimum(current, total.min(axis=1), out=current)
                 continue
-            j_best = total.argmin(axis=1)
+            j_best = total.argmin(axis=1)  # (k, d)
             value = np.take_along_axis(total, j_best[:, None, :], axis=1)[:, 0, :]
             better = value < current
             current = np.where(better, value, current)
-            if track:
-                k_index = np.arange(num_layers + 1)[:, None]
-                m_best = members[group_cost.argmin(axis=2)][k_index, j_best]
-                best_j = np.where(better, j_best, best_j)
-                best_m = np.where(better, m_best, best_m)
+            m_of = group_cost.argmin(axis=-1)[link_in, link_back]  # (d, k, j)
+            k_index, d_index = np.arange(num_layers + 1)[:, None], used[None, :]
+            m_best = members[m_of[d_index, k_index, j_best]]
+            best_j = np.where(better, j_best, best_j)
+            best_m = np.where(better, m_best, best_m)
         return current, ((best_j, best_m) if track else None)
 
     def trace_back(self, result: _RunResult) -> tuple[StageChoice, ...]:

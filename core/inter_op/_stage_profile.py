@@ -242,7 +242,7 @@ def profile_layers(
         row = []
         for choice in meshes:
             mesh = cluster.logical_mesh(choice.submesh, choice.logical_shape)
-            key = (view.signature, pin_key, choice.logical_shape, mesh.axis_links, cluster.device,
+            key = (view.signature, pin_key, choice.logical_shape, mesh.axis_links, mesh.num_hosts, cluster.device,
                    cost_model, fn_key, num_microbatches)
             row.append(key)
             if key not in jobs and cache.get(key) is None:
@@ -315,16 +315,18 @@ def _profile_in_processes(graph, cluster, cost_model, cost_fn, items, workers, o
     return results
 
 
-def boundary_link(cluster: Cluster, submesh: tuple[int, int]) -> Link:
-    """The link a stage's boundary transfers use.
-
-    A stage filling whole hosts talks to its neighbours over the network
-    (when there is more than one host); a stage inside one host is packed
-    next to its neighbours, so its transfers are taken to stay on the host.
-    """
-    if cluster.num_hosts > 1 and submesh[1] == cluster.devices_per_host:
+def cut_link(cluster: Cluster, first_device: int) -> Link:
+    """The link a transfer across a cut uses, the cut lying just before global device `first_device`
+    (stages sit in pipeline order): across hosts where the cut falls on a host's edge, else inside one."""
+    if cluster.num_hosts > 1 and first_device % cluster.devices_per_host == 0:
         return cluster.inter_host
     return cluster.intra_host
+
+
+def step_link(cluster: Cluster) -> Link:
+    """The link once-per-step transfers between stages use (a tied weight's gradient goes from the last
+    stage to the first, which sit on different hosts whenever there are several)."""
+    return cluster.inter_host if cluster.num_hosts > 1 else cluster.intra_host
 
 
 def profiled_mesh(profiles: ProfileTable, table_mesh: int) -> int:
@@ -334,7 +336,7 @@ def profiled_mesh(profiles: ProfileTable, table_mesh: int) -> int:
 
 
 def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostModel) -> StageCostTable:
-    """Sum layer profiles over every layer range and add the boundary transfers."""
+    """Sum layer profiles over every layer range; price each cut's transfers on both links."""
     num_layers, num_meshes = len(table.layers), len(table.meshes)
 
     def grid(field: str) -> np.ndarray:
@@ -358,29 +360,24 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
 
     blocked = range_sums(bad) > 0
     valid = np.triu(np.ones((num_layers + 1, num_layers + 1), bool), k=1)[:, :, None] & ~blocked
-    recv = np.zeros((num_layers + 1, num_layers + 1, num_meshes))
-    for m, choice in enumerate(table.meshes):
-        link = boundary_link(cluster, choice.submesh)
-        into = np.array([cost_model.send_recv(b, link) for b in table.forward_cut_bytes])
-        back = np.array([cost_model.send_recv(b, link) for b in table.backward_cut_bytes])
-        back[num_layers] = into[0] = 0.0
-        recv[:, :, m] = into[:, None] + back[None, :]
+    links = (cluster.intra_host, cluster.inter_host)
+    cut_in = np.array([[cost_model.send_recv(b, link) for b in table.forward_cut_bytes] for link in links])
+    cut_back = np.array([[cost_model.send_recv(b, link) for b in table.backward_cut_bytes] for link in links])
+    cut_in[:, 0] = cut_back[:, num_layers] = 0.0
     inf = np.inf
 
     def finish(values: np.ndarray) -> np.ndarray:
         return np.where(valid, values, inf)
 
-    step_recv = np.zeros_like(recv)
+    step_recv = np.zeros((num_layers + 1, num_layers + 1, 1))
     if table.step_bytes.any():
-        pairs = [(k, j) for k in range(num_layers) for j in range(k + 1, num_layers + 1)]
-        received = {kj: table.step_recv_bytes(*kj) for kj in pairs}
-        for m, choice in enumerate(table.meshes):
-            link = boundary_link(cluster, choice.submesh)
-            for (k, j), nbytes in received.items():
-                step_recv[k, j, m] = cost_model.send_recv(nbytes, link) if nbytes else 0.0
+        for k in range(num_layers):
+            for j in range(k + 1, num_layers + 1):
+                nbytes = table.step_recv_bytes(k, j)
+                step_recv[k, j, 0] = cost_model.send_recv(nbytes, step_link(cluster)) if nbytes else 0.0
     time = grid("forward_s") + grid("backward_s")
     work = np.where(bad > 0, inf, time * np.array([m.num_devices for m in table.meshes])[None, :]).min(axis=1)
-    kept = range_sums(time) + recv, range_sums(grid("activation_bytes")), range_maxima(grid("temp_bytes"))
+    kept = range_sums(time), range_sums(grid("activation_bytes")), range_maxima(grid("temp_bytes"))
     # Rematerialised: the backward runs the forward again; per microbatch in flight only the stage's
     # input activations stay (split over the data-parallel axis), and one microbatch's activations
     # live while its backward runs.
@@ -399,5 +396,8 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
         activation_bytes=both(kept[1], again[1]),
         temp_bytes=both(kept[2], again[2]),
         layer_work_s=np.where(np.isfinite(work), work, 0.0),
+        cut_in_s=cut_in,
+        cut_back_s=cut_back,
+        devices_per_host=cluster.devices_per_host,
     )
 

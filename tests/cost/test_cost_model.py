@@ -21,11 +21,24 @@ def test_collectives_match_alpha_beta_by_hand(cluster):
     # Axis 1 stays in a host (4 devices, 100 GB/s); axis 0 crosses hosts (2 devices, 10 GB/s).
     assert cm.all_reduce(nbytes, mesh, 1) == pytest.approx(1e-6 + 2 * 3 / 4 * 8e6 / 100e9)
     assert cm.all_gather(nbytes, mesh, 1) == pytest.approx(1e-6 + 3 / 4 * 8e6 / 100e9)
-    assert cm.reduce_scatter(nbytes, mesh, 0) == pytest.approx(1e-5 + 1 / 2 * 8e6 / 10e9)
+    # Over axis 0 the 4 groups (one per column) run at once and share each host's 10 GB/s link.
+    assert cm.reduce_scatter(nbytes, mesh, 0) == pytest.approx(1e-5 + 1 / 2 * 8e6 / (10e9 / 4))
     assert cm.all_to_all(nbytes, mesh, 1) == pytest.approx(1e-6 + 3 / 16 * 8e6 / 100e9)
     # Both axes: 8 devices bound by the slower inter-host link.
     assert cm.all_reduce(nbytes, mesh, (0, 1)) == pytest.approx(1e-5 + 2 * 7 / 8 * 8e6 / 10e9)
     assert cm.send_recv(nbytes, cluster.inter_host) == pytest.approx(1e-5 + 8e6 / 10e9)
+
+
+def test_a_hosts_network_link_is_shared_by_the_groups_that_use_it_at_once(cluster):
+    cm = av.CostModel()
+    nbytes = 8e6
+    one_group = cluster.logical_mesh((2, 4), (8, 1))
+    four_groups = cluster.logical_mesh((2, 4), (2, 4))
+    assert cm.all_reduce(nbytes, one_group, 0) == pytest.approx(1e-5 + 2 * 7 / 8 * nbytes / 10e9)
+    assert cm.all_reduce(nbytes, four_groups, 0) == pytest.approx(1e-5 + 2 * 1 / 2 * nbytes / (10e9 / 4))
+    # Inside one host nothing crosses the network, so nothing is shared.
+    in_host = cluster.logical_mesh((1, 4), (2, 2))
+    assert cm.all_reduce(nbytes, in_host, 0) == pytest.approx(1e-6 + 2 * 1 / 2 * nbytes / 100e9)
 
 
 def test_collective_on_one_device_is_free(cluster):

@@ -293,27 +293,36 @@ def test_a_solved_plan_runs_and_matches_a_single_device_step():
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "submeshes",
-    [[(1, 2), (1, 8), (1, 4), (1, 2)], [(1, 4), (2, 8), (1, 4), (1, 8)], [(1, 1), (1, 1), (1, 2), (1, 4), (3, 8)]],
-    ids=["one-host-full", "two-host-stage", "small-first"],
-)
-def test_stage_submeshes_are_packed_without_overlap_inside_hosts(submeshes):
-    from alpaviz.core.inter_op._solve import place_stages
+def test_stages_sit_in_pipeline_order_and_each_cut_is_priced_on_the_link_it_crosses():
+    from alpaviz.core.inter_op._solve import prepare
 
-    per_host = 8
-    cluster = av.Cluster.a100_node(sum(h * w for h, w in submeshes) // per_host)
-    firsts = place_stages(submeshes, cluster)
-    used = []
-    for (hosts, width), first in zip(submeshes, firsts):
-        ids = list(range(first, first + hosts * width))
-        used += ids
-        if hosts == 1:
-            assert ids[0] // per_host == ids[-1] // per_host, f"{(hosts, width)} at {first} straddles hosts"
-            assert first % width == 0, "a power-of-two submesh sits on an aligned slot"
-        else:
-            assert first % per_host == 0
-    assert sorted(used) == list(range(cluster.num_devices))
+    graph = _blocks([512] * 4, hidden=512, batch=256)
+    cluster = av.Cluster.a100_node(2, 4)
+    one_link = cluster.with_links(inter_host=cluster.intra_host)
+    pins = av.Pins(num_stages=4)
+    for stage in range(4):
+        pins = pins.with_submesh(stage, (1, 2), (2, 1))
+    options = dict(pins=pins, num_microbatches=4, progress=False, stage_cost=analytic_stage_cost)
+    plan, same_links = solve(graph, cluster=cluster, **options), solve(graph, cluster=one_link, **options)
+    assert [s.device_ids for s in plan.stages] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    profiles = prepare(graph, cluster=cluster, stage_cost=analytic_stage_cost).profiles
+    cm = plan.cost_model
+    extra = lambda nbytes: cm.send_recv(nbytes, cluster.inter_host) - cm.send_recv(nbytes, cluster.intra_host)  # noqa: E731
+    # Only the cut before stage 2 falls between the hosts: its activations (received by stage 2) and its
+    # gradients (received by stage 1) cross the network; the other cuts stay on NVLink.
+    forward = [a.cost.forward_s - b.cost.forward_s for a, b in zip(plan.stages, same_links.stages)]
+    backward = [a.cost.backward_s - b.cost.backward_s for a, b in zip(plan.stages, same_links.stages)]
+    assert forward == pytest.approx([0.0, 0.0, extra(profiles.forward_cut_bytes[2]), 0.0], abs=1e-12)
+    assert backward == pytest.approx([0.0, extra(profiles.backward_cut_bytes[2]), 0.0, 0.0], abs=1e-12)
+    assert extra(profiles.forward_cut_bytes[2]) > 0
+
+
+def test_a_stage_layout_that_would_straddle_two_hosts_is_refused_with_the_reason():
+    graph = _blocks([512] * 3, hidden=512, batch=256)
+    pins = av.Pins(num_stages=3).with_submesh(0, (1, 2)).with_submesh(1, (1, 4)).with_submesh(2, (1, 2))
+    with pytest.raises(InfeasiblePinsError, match="may not straddle two hosts.*stage 1 on submesh"):
+        solve(graph, cluster=av.Cluster.a100_node(2, 4), pins=pins, num_microbatches=2, progress=False,
+              stage_cost=analytic_stage_cost)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 import alpaviz as av
 from alpaviz.core.inter_op._stage_dp import (
     NoStagePlanError, StageChoice, StageConstraints, StageCostTable, in_flight, is_feasible,
-    pipeline_latency, solve_stages,
+    pipeline_latency, solve_stages, stage_offsets,
 )
 from alpaviz.core.inter_op._stage_profile import mesh_choices
 
@@ -32,8 +32,13 @@ def _random_table(num_layers, cluster, seed, additive=False):
     temp = rng.uniform(0.0, 1.5, shape)  # the largest operator's working set: a stage's max, not a sum
     valid = np.triu(np.ones(shape[:2], bool), k=1)[:, :, None]
     finish = lambda a: np.where(valid, a, np.inf)  # noqa: E731
+    # A cut's transfers: dearer across hosts than inside one; placement rules on for several hosts.
+    cut_in = rng.uniform(0.0, 0.3, (1, num_layers + 1)) * np.array([[1.0], [4.0]])
+    cut_back = rng.uniform(0.0, 0.3, (1, num_layers + 1)) * np.array([[1.0], [4.0]])
+    cut_in[:, 0] = cut_back[:, num_layers] = 0.0
     return StageCostTable(meshes, finish(time), finish(update), finish(state), finish(act),
-                          temp_bytes=finish(temp))
+                          temp_bytes=finish(temp), cut_in_s=cut_in, cut_back_s=cut_back,
+                          devices_per_host=cluster.devices_per_host if cluster.num_hosts > 1 else None)
 
 
 def _brute_force(table, num_devices, B, schedule, limit, constraints=StageConstraints()):
@@ -58,14 +63,18 @@ def _brute_force(table, num_devices, B, schedule, limit, constraints=StageConstr
                 if any(i in allowed and m not in allowed[i] for i, m in enumerate(meshes)):
                     continue
                 ok, times, updates = True, [], []
+                firsts = np.cumsum([0] + [table.meshes[m].num_devices for m in meshes[:-1]])
                 for i, m in enumerate(meshes):
                     k, j = bounds[i], bounds[i + 1]
+                    if not table.placeable(int(firsts[i]), table.meshes[m].num_devices):
+                        ok = False
+                        break
                     q = in_flight(i, n, B, schedule)
                     need = table.state_bytes[k, j, m] + q * table.activation_bytes[k, j, m] + table.temp_bytes[k, j, m]
                     if need > limit:
                         ok = False
                         break
-                    times.append(table.time_s[k, j, m])
+                    times.append(table.stage_time(StageChoice(k, j, m), int(firsts[i])))
                     updates.append(table.update_s[k, j, m])
                 if ok:
                     best = min(best, pipeline_latency(times, updates, B))
@@ -73,7 +82,8 @@ def _brute_force(table, num_devices, B, schedule, limit, constraints=StageConstr
 
 
 def _objective_of(solution, table, B):
-    times = [table.time_s[s.start, s.stop, s.mesh] for s in solution.stages]
+    firsts = stage_offsets(table, solution.stages)
+    times = [table.stage_time(s, first) for s, first in zip(solution.stages, firsts)]
     updates = [table.update_s[s.start, s.stop, s.mesh] for s in solution.stages]
     return pipeline_latency(times, updates, B)
 
@@ -84,6 +94,7 @@ CASES = {
     "1host-4dev-1f1b-tight": (av.Cluster.a100_node(1, 4), 4, 8, "1f1b", 4.0),
     "2hosts-2dev": (av.Cluster.a100_node(2, 2), 4, 2, "1f1b", math.inf),
     "5layers-2hosts-2dev": (av.Cluster.a100_node(2, 2), 5, 6, "1f1b", 5.0),
+    "3hosts-2dev": (av.Cluster.a100_node(3, 2), 4, 4, "1f1b", math.inf),
 }
 
 
@@ -103,6 +114,8 @@ def test_dp_matches_brute_force(case, seed, additive):
     assert _objective_of(solution, table, B) == pytest.approx(expected, rel=1e-12)
     assert sum(table.meshes[s.mesh].num_devices for s in solution.stages) == cluster.num_devices
     assert [s.start for s in solution.stages][0] == 0 and solution.stages[-1].stop == L
+    for s, first in zip(solution.stages, stage_offsets(table, solution.stages)):
+        assert table.placeable(first, table.meshes[s.mesh].num_devices)
 
 
 CONSTRAINTS = {
@@ -129,6 +142,29 @@ def test_dp_honours_constraints_like_brute_force(name, seed):
     for stage, allowed in constraints.stage_meshes:
         if stage < len(solution.stages):
             assert solution.stages[stage].mesh in allowed
+
+
+@pytest.mark.parametrize("hosts,per_host", [(2, 2), (3, 2), (2, 4)], ids=["2x2", "3x2", "2x4"])
+@pytest.mark.parametrize("num_stages", [2, 3, 4])
+@pytest.mark.parametrize("seed", [5, 6])
+def test_dp_places_stages_in_order_and_prices_cuts_on_their_links_like_brute_force(hosts, per_host, num_stages, seed):
+    cluster = av.Cluster.a100_node(hosts, per_host)
+    table = _random_table(4, cluster, seed, additive=True)
+    constraints = StageConstraints(num_stages=num_stages)
+    expected = _brute_force(table, cluster.num_devices, 4, "1f1b", math.inf, constraints)
+    solution = solve_stages(table, cluster.num_devices, 4, "1f1b", math.inf, constraints)
+    assert solution.objective_s == pytest.approx(expected, rel=1e-12)
+    assert _objective_of(solution, table, 4) == pytest.approx(expected, rel=1e-12)
+    for s, first in zip(solution.stages, stage_offsets(table, solution.stages)):
+        size = table.meshes[s.mesh].num_devices
+        assert table.placeable(first, size), f"{table.meshes[s.mesh].submesh} at device {first} straddles hosts"
+
+
+def test_a_stage_inside_a_host_never_straddles_two():
+    table = _random_table(4, av.Cluster.a100_node(2, 4), 0)
+    assert table.placeable(4, 4) and table.placeable(2, 2) and table.placeable(8, 8) and table.placeable(5, 1)
+    assert not table.placeable(2, 4) and not table.placeable(3, 2) and not table.placeable(2, 8)
+    assert table.at_host_edge(4) and not table.at_host_edge(6)
 
 
 def test_infeasible_memory_and_contradictory_constraints_raise():
