@@ -52,6 +52,8 @@ class PanelEditor(WhatIfControls):
         self.upload = pn.widgets.FileInput(accept=".json", name="Load plan")
         w = session.whatif
         self.microbatches = pn.widgets.IntInput(name="microbatches", value=w.num_microbatches, start=1, width=120)
+        self.search_button = pn.widgets.Button(name="Search count", description=(
+            "try every microbatch count that divides the global batch (example batch x microbatches)"))
         self.schedule = pn.widgets.Select(name="schedule", options=["1f1b", "gpipe"], value=w.schedule, width=100)
         self.preset = pn.widgets.Select(name="cluster", options=["(current)", *PRESETS], value="(current)", width=110)
         self.hosts = pn.widgets.IntInput(name="hosts", value=w.cluster.num_hosts, start=1, width=90)
@@ -67,7 +69,7 @@ class PanelEditor(WhatIfControls):
         return pn.Column(
             pn.pane.Markdown("## alpaviz plan editor"), self.headline, pn.Row(self.status, self.progress),
             pn.Row(self.resolve_button, self.reset_button, self.launch_button, self.download, self.upload),
-            pn.Row(self.microbatches, self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw),
+            pn.Row(self.microbatches, self.search_button, self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw),
             pn.pane.Markdown("### Stage cuts (click a gap: pin cut, pin no-cut, free)"), self.cut_row,
             self.submesh_column,
             pn.pane.Markdown("### Where the stages run"), self.cluster_pane,
@@ -86,6 +88,7 @@ class PanelEditor(WhatIfControls):
         self.resolve_button.on_click(lambda _: self.resolve())
         self.reset_button.on_click(lambda _: s.reset_pins())
         self.compare_button.on_click(lambda _: s.compare())
+        self.search_button.on_click(lambda _: s.search_microbatches())
         self.launch_button.on_click(lambda _: s.launch())
         self.upload.param.watch(self._on_upload, "value")
         self.graph_level.param.watch(lambda _: self._draw_graph(), "value")
@@ -125,6 +128,7 @@ class PanelEditor(WhatIfControls):
         self._syncing = True
         try:
             self.headline.object = f"<b>{html.escape(vm.plan_headline(s.plan))}</b>"
+            self.microbatches.value = s.whatif.num_microbatches
             self.status.object = _message(s.ok, s.message)
             self._draw_cuts()
             self._draw_submeshes()

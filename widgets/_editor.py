@@ -75,6 +75,8 @@ class PlanEditor(WhatIfControls, W.VBox):
         # what-if
         w = session.whatif
         self.microbatches = W.BoundedIntText(value=w.num_microbatches, min=1, max=4096, description="microbatches")
+        self.search_button = W.Button(description="Search count", tooltip=(
+            "try every microbatch count that divides the global batch (example batch x microbatches)"))
         self.schedule = W.Dropdown(options=["1f1b", "gpipe"], value=w.schedule, description="schedule")
         self.preset = W.Dropdown(options=[("(current)", "")] + [(k, k) for k in PRESETS], value="", description="cluster")
         self.hosts = W.BoundedIntText(value=w.cluster.num_hosts, min=1, max=512, description="hosts")
@@ -95,7 +97,7 @@ class PlanEditor(WhatIfControls, W.VBox):
             W.HBox([self.resolve_button, self.reset_button, self.launch_steps, self.launch_button,
                     self.path, self.save_button, self.load_button]),
             section("What if"),
-            W.HBox([self.microbatches, self.schedule, self.preset]),
+            W.HBox([self.microbatches, self.search_button, self.schedule, self.preset]),
             W.HBox([self.hosts, self.intra_bw, self.inter_bw]),
             section("Stage cuts (click a gap: pin cut / pin no-cut / free)"), self.cut_row, self.submesh_box,
             section("Where the stages run"), self.cluster_figure,
@@ -113,6 +115,7 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.resolve_button.on_click(lambda _: self.resolve())
         self.reset_button.on_click(lambda _: s.reset_pins())
         self.compare_button.on_click(lambda _: s.compare())
+        self.search_button.on_click(lambda _: s.search_microbatches())
         self.launch_button.on_click(lambda _: s.launch(self.launch_steps.value))
         self.save_button.on_click(lambda _: s.save(self.path.value))
         self.load_button.on_click(lambda _: s.load(self.path.value))
@@ -167,6 +170,7 @@ class PlanEditor(WhatIfControls, W.VBox):
         self._syncing = True
         try:
             self.headline.value = f"<b>{vm.plan_headline(s.plan)}</b>"
+            self.microbatches.value = s.whatif.num_microbatches
             self.status.value = self._message(s.ok, s.message)
             self._draw_cuts()
             self._draw_submeshes()

@@ -15,8 +15,9 @@ from typing import Any, Callable, Literal
 
 from alpaviz.core import (
     MAX_DOCUMENT_BYTES, Cluster, Link, OpGraph, Pins, Plan, StageProfileCache, Timeline, next_step_args,
-    parallelize, predicted_timeline, solve, strategy_names as core_strategy_names, validate_plan,
+    parallelize, predicted_timeline, solve, strategy_names as core_strategy_names, trace, validate_plan,
 )
+from alpaviz.core.graph import microbatch_args, split_microbatch
 from alpaviz.core.inter_op import data_parallel, megatron_grid
 from alpaviz.widgets import _edits
 
@@ -29,11 +30,16 @@ PRESETS: dict[str, Callable[[int], Cluster]] = {
 
 
 def repeat_batch(batch: Any, times: int) -> Any:
-    """Every array of `batch` repeated `times` along its leading (batch) dim."""
+    """Every array of `batch` repeated `times` along its leading (batch) dim (abstract arrays grow their shape)."""
     import jax
     import jax.numpy as jnp
 
-    return batch if times == 1 else jax.tree.map(lambda x: jnp.concatenate([x] * times, axis=0), batch)
+    def repeat(x):
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct((x.shape[0] * times, *x.shape[1:]), x.dtype)
+        return jnp.concatenate([x] * times, axis=0)
+
+    return batch if times == 1 else jax.tree.map(repeat, batch)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,6 +250,45 @@ class EditorSession:
         self.measured = None
         self.comparison = ()  # priced against the old plan; Compare again
         return self._changed(Outcome(True, f"re-solved in {time.perf_counter() - start:.2f} s"))
+
+    def search_microbatches(self) -> Outcome:
+        """Re-solve trying every microbatch count that divides the global batch (the example batch times the
+        current count), keeping the fastest plan; the session then holds the step traced at that microbatch."""
+        if self.step_fn is None or not self.graph.batch_argnums:
+            why = ("the training step: open the editor with av.editor(fn, *args)" if self.step_fn is None
+                   else f"to know the batch: {self.graph.batch_note}")
+            return self._changed(Outcome(False, f"Searching the microbatch count needs {why}"))
+        argnums, m = self.graph.batch_argnums, self.whatif.num_microbatches
+        global_args = tuple(repeat_batch(a, m) if i in argnums else a for i, a in enumerate(self.example_args))
+        options = dict(self.solve_options, cache=self.cache)
+        start = time.perf_counter()
+        self.busy = True
+        try:
+            plan = self.solver(
+                self.step_fn, *global_args, cluster=self.whatif.cluster, num_microbatches="auto",
+                global_batch_argnums=argnums, schedule=self.whatif.schedule, pins=self.pins, progress=False, **options,
+            )
+            count = plan.schedule.num_microbatches
+            graph = trace(self.step_fn, *microbatch_args(global_args, argnums, count))
+            plan.check_graph(graph)
+        except ValueError as err:
+            return self._changed(Outcome(False, f"no microbatch count works: {err}{self._kept()}"))
+        except Exception as err:  # a solver bug must not take the editor down
+            return self._changed(Outcome(False, f"search failed: {type(err).__name__}: {err}{self._kept()}"))
+        finally:
+            self.busy = False
+        import jax
+
+        micro_args = microbatch_args(global_args, argnums, count)
+        cut = lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else split_microbatch(x, count, 0)  # noqa: E731
+        self.example_args = tuple(jax.tree.map(cut, a) if i in argnums else a for i, a in enumerate(global_args))
+        self.graph = graph
+        self.whatif = dataclasses.replace(self.whatif, num_microbatches=count)
+        self.previous, self.plan, self.measured, self.comparison = self.plan, plan, None, ()
+        rows = min(x.shape[0] for i in argnums for x in jax.tree.leaves(micro_args[i]) if x.shape)
+        return self._changed(Outcome(True, (
+            f"searched the microbatch count in {time.perf_counter() - start:.2f} s: {count} microbatches of "
+            f"{rows} (global batch {rows * count}); the step times per count are in the plan's notes")))
 
     def compare(self) -> Outcome:
         """Price the Megatron grid's best and data parallelism beside the shown plan, from the same profiles."""

@@ -331,3 +331,33 @@ def test_launch_runs_a_users_optax_step_with_its_own_signature():
     ed.launch_button.click()
     assert session.ok, session.message
     assert session.measured.num_stages == 2 and "launched 2 steps" in ed.status.value
+
+
+@pytest.mark.parametrize("front_end", ["ipywidgets", "panel"])
+def test_search_count_button_plans_the_global_batch_at_its_fastest_microbatch_count(front_end):
+    from alpaviz.core.inter_op._stage_cost import analytic_stage_cost
+    from alpaviz.widgets._app import PanelEditor
+    from alpaviz.widgets._session import repeat_batch
+
+    step, params, batch = av.models.mlp((64, 256, 256, 64), batch_size=8)
+    cluster = av.Cluster.a100_node(1, 4)
+    session = EditorSession(av.trace(step, params, batch), whatif=av.widgets.WhatIf(4, "1f1b", cluster),
+                            solve_options={"stage_cost": analytic_stage_cost}, step_fn=step, example_args=(params, batch))
+    ed = PlanEditor(session) if front_end == "ipywidgets" else PanelEditor(session)
+    if front_end == "ipywidgets":
+        ed.search_button.click()
+    else:
+        ed.search_button.clicks += 1
+    assert session.ok, session.message
+    # The same search through core, on the global batch of 4 x 8 examples.
+    want = av.solve(step, params, repeat_batch(batch, 4), cluster=cluster, num_microbatches="auto",
+                    global_batch_argnums=(1,), stage_cost=analytic_stage_cost, progress=False)
+    count = session.plan.schedule.num_microbatches
+    assert count == want.schedule.num_microbatches and 32 % count == 0
+    assert session.plan.predicted.step_time_s == pytest.approx(want.predicted.step_time_s, rel=1e-9)
+    assert "microbatch counts searched" in session.plan.solver.notes[-1]
+    # The session now holds the step traced at the chosen microbatch, and the control shows the count.
+    session.plan.check_graph(session.graph)
+    assert session.example_args[1]["x"].shape[0] == 32 // count
+    assert ed.microbatches.value == count and session.whatif.num_microbatches == count
+    assert session.resolve().ok, session.message  # the what-if stays consistent with the new graph
