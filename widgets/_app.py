@@ -16,6 +16,7 @@ from alpaviz.core.models import gpt
 from alpaviz.widgets import _figures as F
 from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _plan_compare as compare
+from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
@@ -151,8 +152,7 @@ class PanelEditor(WhatIfControls):
                     predicted = s.predicted_timeline()
                 except Exception:  # a simulator failure must not hide the rest of the page
                     predicted = None
-                self.timeline_pane.object = F.gantt_figure(
-                    vm.gantt_bars(predicted), vm.gantt_bars(s.measured), vm.bubble_fractions(predicted, s.measured))
+                self.timeline_pane.object = F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured))
                 self.cost_pane.object = F.cost_figure(vm.cost_view(s.plan, s.previous))
                 self.cluster_pane.object = F.cluster_map_figure(cmap.cluster_map(s.graph, s.plan))
                 self.diff_pane.object = ("" if s.previous is None

@@ -15,6 +15,7 @@ from alpaviz.core import Cluster, OpGraph, Plan, trace
 from alpaviz.widgets import _figures as F
 from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _plan_compare as compare
+from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
@@ -291,8 +292,7 @@ class PlanEditor(WhatIfControls, W.VBox):
             predicted = s.predicted_timeline()
         except Exception:  # a simulator failure must not hide the rest of the editor
             predicted = None
-        _replace_figure(self.timeline_figure, F.gantt_figure(
-            vm.gantt_bars(predicted), vm.gantt_bars(s.measured), vm.bubble_fractions(predicted, s.measured)))
+        _replace_figure(self.timeline_figure, F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured)))
 
 
 def editor(fn_or_plan: Callable[..., Any] | Plan, *args: Any, cluster=None, graph: OpGraph | None = None,

@@ -8,13 +8,13 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from alpaviz.widgets._view_model import (
-    MEMORY_PARTS, CostView, GanttBar, GraphView, ShardingRow, byte_unit, idle_gaps, node_size,
-)
+from alpaviz.widgets._view_model import MEMORY_PARTS, CostView, GraphView, ShardingRow, byte_unit, node_size
 from alpaviz.widgets._cluster_map import ClusterMap
+from alpaviz.widgets._timeline_view import GanttBar, TimelinePanel, idle_gaps
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6")
-KIND_COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "update": "#54A24B"}
+KIND_COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "update": "#54A24B", "send": "#B279A2",
+                "recv": "#9D755D"}
 
 
 def stage_colour(stage: int) -> str:
@@ -55,6 +55,10 @@ def graph_figure(view: GraphView) -> go.Figure:
     return _layout(fig, title, 320)
 
 
+def _lane(bar: GanttBar) -> str:
+    return f"stage {bar.stage}" + (" transfers" if bar.kind in ("send", "recv") else "")
+
+
 def _gantt_traces(bars: Sequence[GanttBar]) -> list[go.Bar]:
     traces = []
     for kind, colour in KIND_COLOURS.items():
@@ -64,40 +68,37 @@ def _gantt_traces(bars: Sequence[GanttBar]) -> list[go.Bar]:
         traces.append(go.Bar(
             orientation="h", name=kind, marker_color=colour,
             base=[b.start_s * 1e3 for b in chosen], x=[(b.end_s - b.start_s) * 1e3 for b in chosen],
-            y=[f"stage {b.stage}" for b in chosen], text=[b.label for b in chosen], textposition="inside",
-            hovertext=[f"{b.kind} microbatch {b.microbatch}: {b.start_s * 1e3:.3f}-{b.end_s * 1e3:.3f} ms"
-                       for b in chosen], hoverinfo="text",
+            y=[_lane(b) for b in chosen], text=[b.label for b in chosen], textposition="inside",
+            hovertext=[f"stage {b.stage} {b.kind} microbatch {b.microbatch}: {b.start_s * 1e3:.4g}-"
+                       f"{b.end_s * 1e3:.4g} ms" for b in chosen], hoverinfo="text",
         ))
     return traces
 
 
-def gantt_figure(predicted: Sequence[GanttBar], measured: Sequence[GanttBar] = (),
-                 bubbles: Sequence[float | None] = (None, None)) -> go.Figure:
-    """Forward/backward per microbatch per stage, idle stretches shaded as the bubble. Predicted left,
-    measured right, each on its own time axis; `bubbles` (`vm.bubble_fractions`) go in the titles."""
-    def title(name: str, bars: Sequence[GanttBar], bubble: float | None, missing: str) -> str:
-        if not bars:
-            return f"{name} ({missing})"
-        return name if bubble is None else f"{name}: bubble {bubble:.0%}"
-
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=(
-        title("predicted", predicted, bubbles[0], "not available"),
-        title("measured", measured, bubbles[1], "press Launch")))
-    for col, bars in ((1, predicted), (2, measured)):
-        gaps = idle_gaps(bars)
+def gantt_figure(*panels: TimelinePanel) -> go.Figure:
+    """Forward/backward per microbatch per stage, a transfer lane under each stage that sends or receives,
+    idle stretches shaded as the bubble; one panel per timeline (`timeline_panels`), each on its own time
+    axis titled with its hardware, length and bubble."""
+    panels = panels or (TimelinePanel("predicted", "", (), (), 0.0, None),)
+    fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, subplot_titles=[p.title for p in panels])
+    stages = sorted({b.stage for p in panels for b in p.bars + p.transfers})
+    moving = {b.stage for p in panels for b in p.transfers}
+    lanes = [lane for s in stages for lane in ([f"stage {s}"] + ([f"stage {s} transfers"] if s in moving else []))]
+    for col, panel in enumerate(panels, start=1):
+        gaps = idle_gaps(panel.bars)
         if gaps:
             fig.add_trace(go.Bar(
                 orientation="h", name="idle (bubble)", marker_color="#E8E8E8", showlegend=col == 1,
                 base=[s * 1e3 for _, s, _ in gaps], x=[(e - s) * 1e3 for _, s, e in gaps],
                 y=[f"stage {stage}" for stage, _, _ in gaps], hoverinfo="skip",
             ), row=1, col=col)
-        for trace in _gantt_traces(bars):
+        for trace in _gantt_traces(panel.bars + panel.transfers):
             trace.showlegend = col == 1
             fig.add_trace(trace, row=1, col=col)
-        fig.update_xaxes(title_text="ms", row=1, col=col)
-    fig.update_yaxes(autorange="reversed")
-    _layout(fig, "pipeline timeline", 260)
-    fig.update_layout(barmode="overlay", showlegend=True)
+        fig.update_xaxes(title_text=f"ms on {panel.hardware}" if panel.hardware else "ms", row=1, col=col)
+    fig.update_yaxes(categoryorder="array", categoryarray=lanes, autorange="reversed")
+    _layout(fig, "pipeline timeline", 200 + 28 * len(lanes))
+    fig.update_layout(barmode="overlay", showlegend=True, margin=dict(l=40, r=10, t=80, b=40))
     return fig
 
 

@@ -12,6 +12,7 @@ import plotly.io as pio
 from alpaviz.core import OpGraph, Plan, Timeline, predicted_timeline
 from alpaviz.widgets import _figures as F
 from alpaviz.widgets import _cluster_map as cmap
+from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
 
 
@@ -53,8 +54,7 @@ def section_html(section: ReportSection, first: bool) -> str:
     figures = [
         F.cluster_map_figure(cmap.cluster_map(graph, plan)),
         F.graph_figure(vm.layer_graph_view(graph, plan)),
-        F.gantt_figure(vm.gantt_bars(predicted), vm.gantt_bars(section.measured),
-                       vm.bubble_fractions(predicted, section.measured)),
+        F.gantt_figure(*tv.timeline_panels(plan, predicted, section.measured)),
         F.cost_figure(vm.cost_view(plan)),
     ]
     divs = [_figure_div(fig, first and i == 0) for i, fig in enumerate(figures)]

@@ -11,7 +11,7 @@ import dataclasses
 import math
 from typing import Iterable, Literal, Sequence
 
-from alpaviz.core import MemoryBreakdown, OpGraph, Pins, Plan, Spec, Timeline, shard_shape, spec_name
+from alpaviz.core import MemoryBreakdown, OpGraph, Pins, Plan, Spec, shard_shape, spec_name
 
 CutPin = Literal["cut", "no_cut"] | None
 GraphLevel = Literal["layer", "op"]
@@ -338,55 +338,6 @@ def costliest_operator(graph: OpGraph, rows: Sequence[StrategyRow]) -> str | Non
     """The operator the sharding view opens on: the one with the most FLOPs."""
     known = [r.node for r in rows if r.node in graph.node_by_name]
     return max(known, key=lambda n: graph.node(n).flops, default=None)
-
-
-# ---- pipeline timeline ----------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class GanttBar:
-    """One bar of the pipeline chart."""
-
-    stage: int
-    microbatch: int
-    kind: str
-    start_s: float
-    end_s: float
-    source: str
-
-    @property
-    def label(self) -> str:
-        return self.kind[0].upper() + (str(self.microbatch) if self.microbatch >= 0 else "")
-
-
-def gantt_bars(timeline: Timeline | None) -> tuple[GanttBar, ...]:
-    if timeline is None:
-        return ()
-    return tuple(
-        GanttBar(e.stage, e.microbatch, e.kind, e.start_s, e.end_s, timeline.source)
-        for e in sorted(timeline.events, key=lambda e: (e.stage, e.start_s))
-        if e.kind in ("forward", "backward", "update")
-    )
-
-
-def idle_gaps(bars: Sequence[GanttBar]) -> tuple[tuple[int, float, float], ...]:
-    """(stage, start, end) of every stretch a stage sits idle between the step's first and last bar."""
-    if not bars:
-        return ()
-    first, last = min(b.start_s for b in bars), max(b.end_s for b in bars)
-    gaps = []
-    for stage in sorted({b.stage for b in bars}):
-        cursor = first
-        for b in sorted((b for b in bars if b.stage == stage), key=lambda b: b.start_s):
-            if b.start_s > cursor:
-                gaps.append((stage, cursor, b.start_s))
-            cursor = max(cursor, b.end_s)
-        if cursor < last:
-            gaps.append((stage, cursor, last))
-    return tuple(gaps)
-
-
-def bubble_fractions(*timelines: Timeline | None) -> tuple[float | None, ...]:
-    """Each timeline's own bubble share (`Timeline.bubble_fraction`), None where there is no timeline."""
-    return tuple(None if t is None else t.bubble_fraction for t in timelines)
 
 
 # ---- cost panel -----------------------------------------------------------

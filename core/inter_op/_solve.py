@@ -379,6 +379,7 @@ def assemble_plan(
                 communication_s=sum(p.communication_s for _, p in rows) + recv_in + recv_back + step_recv,
                 resharding_s=sum(p.resharding_s for _, p in rows),
                 memory_bytes=memory.peak, activation_bytes=memory.activations, memory=memory,
+                recv_forward_s=recv_in, recv_backward_s=recv_back, recv_update_s=step_recv,
             ),
         ))
     times = [s.cost.microbatch_s for s in stages]

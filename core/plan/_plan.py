@@ -45,7 +45,9 @@ class StageCost:
 
     `memory_bytes` is the stage's predicted peak (`memory.peak`: state, the
     activations of the microbatches the schedule keeps in flight, and the
-    largest operator's working set); `memory` splits it.
+    largest operator's working set); `memory` splits it.  `recv_forward_s`,
+    `recv_backward_s` and `recv_update_s` are the parts of `forward_s`,
+    `backward_s` and `update_s` spent receiving from other stages.
     """
 
     forward_s: float
@@ -57,6 +59,9 @@ class StageCost:
     memory_bytes: float
     activation_bytes: float = 0.0
     memory: MemoryBreakdown = MemoryBreakdown()
+    recv_forward_s: float = 0.0
+    recv_backward_s: float = 0.0
+    recv_update_s: float = 0.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

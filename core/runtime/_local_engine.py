@@ -22,6 +22,7 @@ class LocalEngine:
     def __init__(self, plan: Plan, compiled: CompiledStep, donate: bool,
                  compiler_options: dict[str, Any] | None = None) -> None:
         devices = jax.devices()
+        self.hardware = f"this machine: {len(devices)} {devices[0].platform.upper()} devices"
         needed = max(d for s in plan.stages for d in s.device_ids) + 1
         if needed > len(devices):
             raise ValueError(

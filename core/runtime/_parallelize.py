@@ -155,6 +155,7 @@ class ParallelStep:
                 num_microbatches=self.compiled.num_microbatches,
                 schedule=self.plan.schedule.kind,
                 source="measured",
+                hardware=getattr(self._engine, "hardware", ""),
             )
         return jax.tree.unflatten(graph.out_tree, outs)
 

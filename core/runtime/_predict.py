@@ -16,6 +16,7 @@ def simulate(
     schedule: str,
     num_microbatches: int,
     source: Literal["predicted", "measured"] = "predicted",
+    hardware: str = "",
 ) -> Timeline:
     """Play the lists with fixed durations: RUN takes `run_s[(stage, role)]`; a SEND occupies
     the sender for `transfer_s[(src, src_role, dst, dst_role)]` and its RECV waits for arrival."""
@@ -50,39 +51,45 @@ def simulate(
         num_microbatches=num_microbatches,
         schedule=schedule,
         source=source,
+        hardware=hardware,
     )
 
 
 def predicted_timeline(plan, graph=None) -> Timeline:
     """The plan's step simulated from its predicted stage costs (for the predicted Gantt chart).
 
-    RUN durations are `stage.cost.forward_s / backward_s / update_s` (per
-    microbatch).  With `graph` (the traced step the plan was made for),
-    transfers between stages take `plan.cost_model.send_recv` of the bytes
-    that really cross each boundary per microbatch, over the inter-host link
-    when the two stages' devices sit on different hosts; without it, the
-    transfers are taken as free and the chain of adjacent stages is assumed.
-    Update events carry microbatch -1 (`ONCE`).
+    RUN durations are `stage.cost.forward_s / backward_s / update_s` less
+    the time the plan charges each stage for receiving (`recv_*_s`); that
+    time is played as the sender's SEND instead, so every second the plan
+    prices appears once.  With `graph` (the traced step the plan was made
+    for) the transfers follow the tensors that really cross stages, each
+    stage's receive time split over its incoming edges by their bytes;
+    without it, the chain of adjacent stages is assumed.  Update events carry
+    microbatch -1 (`ONCE`).
 
     Example:
         >>> timeline = av.predicted_timeline(plan)
         >>> timeline.bubble_fraction
     """
     n, m = plan.num_stages, plan.schedule.num_microbatches
+    receive = {}
     run_s = {}
     for stage in plan.stages:
-        run_s[(stage.index, "forward")] = stage.cost.forward_s
-        run_s[(stage.index, "backward")] = stage.cost.backward_s
-        run_s[(stage.index, "update")] = stage.cost.update_s
+        c = stage.cost
+        receive.update({(stage.index, "forward"): c.recv_forward_s, (stage.index, "backward"): c.recv_backward_s,
+                        (stage.index, "update"): c.recv_update_s})
+        run_s[(stage.index, "forward")] = c.forward_s - c.recv_forward_s
+        run_s[(stage.index, "backward")] = c.backward_s - c.recv_backward_s
+        run_s[(stage.index, "update")] = c.update_s - c.recv_update_s
+    edges: tuple[Edge, ...] = chain_edges(n) if graph is None else analyze(graph, plan).edges
+    incoming: dict[tuple[int, str], list[Edge]] = {}
+    for e in edges:
+        incoming.setdefault((e.dst_stage, timeline_kind(e.dst_role)), []).append(e)
     transfer_s: dict[tuple[int, str, int, str], float] = {}
-    if graph is None:
-        edges: tuple[Edge, ...] = chain_edges(n)
-    else:
-        edges = analyze(graph, plan).edges
-        per_host = plan.cluster.devices_per_host
-        for e in edges:
-            hosts = {d // per_host for d in plan.stages[e.src_stage].device_ids + plan.stages[e.dst_stage].device_ids}
-            link = plan.cluster.inter_host if len(hosts) > 1 else plan.cluster.intra_host
-            transfer_s[(e.src_stage, e.src_role, e.dst_stage, e.dst_role)] = plan.cost_model.send_recv(e.nbytes, link)
+    for key, into in incoming.items():
+        total = sum(e.nbytes for e in into)
+        for e in into:
+            share = e.nbytes / total if total > 0 else 1.0 / len(into)
+            transfer_s[(e.src_stage, e.src_role, e.dst_stage, e.dst_role)] = receive.get(key, 0.0) * share
     program = build_instructions(plan.schedule.kind, n, m, edges)
-    return simulate(program, run_s, transfer_s, plan.schedule.kind, m)
+    return simulate(program, run_s, transfer_s, plan.schedule.kind, m, hardware=plan.cluster.name)

@@ -197,6 +197,7 @@ class RayEngine:
         hosts = sorted(set(self.host_of))
         actor_cls = ray.remote(num_cpus=1)(HostActor)
         self.actors = {h: actor_cls.remote(h, per_host) for h in hosts}
+        self.hardware = f"Ray: {len(hosts)} host actors x {per_host} devices"
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x)), tuple(args))
         expected = graph_fingerprint(compiled.graph)
         ray.get([

@@ -31,13 +31,15 @@ class TimelineEvent:
 
 @dataclasses.dataclass(frozen=True)
 class Timeline:
-    """All events of one training step."""
+    """All events of one training step; `hardware` names what the times are for (a predicted timeline is for
+    the plan's cluster, a measured one for the devices it ran on), so two are never read on one time axis."""
 
     events: tuple[TimelineEvent, ...]
     num_stages: int
     num_microbatches: int
     schedule: str
     source: TimelineSource
+    hardware: str = ""
 
     @property
     def total_s(self) -> float:

@@ -12,6 +12,7 @@ from alpaviz.core.runtime._timeline import Timeline, TimelineEvent
 from alpaviz.widgets import _edits
 from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _plan_compare as compare
+from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._session import EditorSession, WhatIf
 
@@ -153,8 +154,9 @@ def test_sharding_and_strategy_rows():
 def test_gantt_bars_and_cost_view():
     timeline = Timeline((TimelineEvent(1, 0, "forward", 1.0, 2.0), TimelineEvent(0, 0, "forward", 0.0, 1.0),
                          TimelineEvent(0, 0, "send", 1.0, 1.1)), 2, 1, "gpipe", "predicted")
-    bars = vm.gantt_bars(timeline)
+    bars = tv.gantt_bars(timeline)
     assert [(b.stage, b.kind) for b in bars] == [(0, "forward"), (1, "forward")] and bars[0].label == "F0"
+    assert [(b.stage, b.kind) for b in tv.transfer_bars(timeline)] == [(0, "send")]
     graph = tiny_graph()
     old, new = hand_plan(graph), hand_plan(graph, step_scale=0.5)
     view = vm.cost_view(new, old)
@@ -293,13 +295,33 @@ def test_the_timeline_shades_each_stages_idle_time_and_writes_the_bubble_share()
     from alpaviz.widgets import _figures as F
 
     events = (TimelineEvent(0, 0, "forward", 0.0, 1.0), TimelineEvent(0, 1, "forward", 2.0, 3.0),
-              TimelineEvent(1, 0, "forward", 1.0, 2.0))
-    timeline = Timeline(events, 2, 2, "1f1b", "predicted")
-    bars = vm.gantt_bars(timeline)
-    assert vm.idle_gaps(bars) == ((0, 1.0, 2.0), (1, 0.0, 1.0), (1, 2.0, 3.0))
-    assert vm.bubble_fractions(timeline, None) == (pytest.approx(3 / 6), None)
-    fig = F.gantt_figure(bars, (), vm.bubble_fractions(timeline, None))
-    assert fig.layout.annotations[0].text == "predicted: bubble 50%"
+              TimelineEvent(1, 0, "forward", 1.0, 2.0), TimelineEvent(0, 0, "send", 1.0, 1.25))
+    timeline = Timeline(events, 2, 2, "1f1b", "predicted", hardware="1x8 A100")
+    bars = tv.gantt_bars(timeline)
+    assert tv.idle_gaps(bars) == ((0, 1.0, 2.0), (1, 0.0, 1.0), (1, 2.0, 3.0))
+    assert tv.bubble_fractions(timeline, None) == (pytest.approx(1 - 3.25 / 6), None)
+    fig = F.gantt_figure(tv.timeline_panel(timeline, "predicted"), tv.timeline_panel(None, "measured", missing="press Launch"))
+    assert fig.layout.annotations[0].text == "predicted on 1x8 A100: 3000 ms, bubble 46%"
     assert fig.layout.annotations[1].text == "measured (press Launch)"
+    assert fig.layout.xaxis.title.text == "ms on 1x8 A100"
     idle = next(t for t in fig.data if t.name == "idle (bubble)")
     assert list(idle.x) == [1e3, 1e3, 1e3] and list(idle.y) == ["stage 0", "stage 1", "stage 1"]
+    send = next(t for t in fig.data if t.name == "send")  # its own lane under the stage that sends
+    assert list(send.y) == ["stage 0 transfers"] and list(send.x) == [250.0]
+    assert list(fig.layout.yaxis.categoryarray) == ["stage 0", "stage 0 transfers", "stage 1"]
+
+
+def test_the_timeline_panels_name_their_hardware_and_relate_to_the_plan():
+    graph = tiny_graph()
+    plan = hand_plan(graph)
+    predicted = av.predicted_timeline(plan)
+    measured = dataclasses.replace(predicted, source="measured", hardware="this machine: 8 CPU devices",
+                                   events=tuple(dataclasses.replace(e, start_s=3 * e.start_s, end_s=3 * e.end_s)
+                                                for e in predicted.events))
+    left, right = tv.timeline_panels(plan, predicted, measured)
+    assert left.hardware == plan.cluster.name and right.hardware.startswith("this machine")
+    assert "measured / predicted per stage: 0: 3x, 1: 3x" in right.title
+    if abs(predicted.total_s - plan.predicted.step_time_s) > 0.01 * plan.predicted.step_time_s:
+        assert "the plan's step time" in left.title
+    else:
+        assert "<sup>" not in left.title
