@@ -62,13 +62,16 @@ class PanelEditor(WhatIfControls):
         self.inter_bw = pn.widgets.FloatInput(name="inter GB/s", value=w.cluster.inter_host.bandwidth_bytes_per_s / 1e9, width=110)
         self._syncing = False
         self._wire()
+        self.spinner = pn.indicators.LoadingSpinner(value=False, size=24, name="")
         self.layout = self._layout()
         session.on_change(self.refresh)
+        session.on_activity(self._on_activity)
+        session.on_progress(self._on_progress)
         self.refresh()
 
     def _layout(self) -> pn.Column:
         return pn.Column(
-            pn.pane.Markdown("## alpaviz plan editor"), self.headline, pn.Row(self.status, self.progress),
+            pn.pane.Markdown("## alpaviz plan editor"), self.headline, pn.Row(self.spinner, self.status, self.progress),
             pn.Row(self.resolve_button, self.reset_button, self.launch_button, self.download, self.upload),
             pn.Row(self.microbatches, self.search_button, self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw),
             pn.pane.Markdown("### Stage cuts (click a gap: pin cut, pin no-cut, free)"), self.cut_row,
@@ -102,9 +105,34 @@ class PanelEditor(WhatIfControls):
 
     # ---- actions ---------------------------------------------------------------
     def resolve(self) -> None:
-        self.progress.value, self.progress.bar_color = -1, "info"  # -1: indeterminate while solving
         outcome = self.session.resolve()
         self.progress.value, self.progress.bar_color = 100, "success" if outcome.ok else "danger"
+
+    def controls(self) -> list[Any]:
+        """Every control that starts an action or edits a pin (disabled while the session is busy)."""
+        pins = [w for row in self.submesh_column.objects for w in row.objects if isinstance(w, pn.widgets.Widget)]
+        cuts = [w for w in self.cut_row.objects if isinstance(w, pn.widgets.Button)]
+        return [self.resolve_button, self.reset_button, self.compare_button, self.search_button, self.launch_button,
+                self.download, self.upload, self.microbatches, self.schedule, self.preset, self.hosts, self.intra_bw,
+                self.inter_bw, self.strategy_select, *cuts, *pins]
+
+    def _on_activity(self, what: str) -> None:
+        for control in self.controls():
+            control.disabled = bool(what)
+        self.spinner.value = bool(what)
+        if what:
+            self.status.object = f'<span style="color:#4C78A8"><b>{html.escape(what)}...</b></span>'
+            self.progress.value, self.progress.bar_color = -1, "info"  # indeterminate until a phase reports
+        else:
+            self.progress.value = 100
+
+    def _on_progress(self, phase: str, done: int, total: int) -> None:
+        self.progress.value = int(100 * done / total) if total else -1
+        self.progress.name = f"{phase}: {done} of {total}"
+
+    def _mark(self, control: Any, problem: str | None) -> None:
+        control.styles = {"border": "2px solid #b00020", "border-radius": "4px"} if problem else {}
+        control.description = problem
 
     def _plan_json(self):
         import io

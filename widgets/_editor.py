@@ -88,6 +88,8 @@ class PlanEditor(WhatIfControls, W.VBox):
         self._wire()
         super().__init__(self._layout())
         session.on_change(self.refresh)
+        session.on_activity(self._on_activity)
+        session.on_progress(self._on_progress)
         self.refresh()
 
     # ---- layout and wiring --------------------------------------------------
@@ -130,11 +132,35 @@ class PlanEditor(WhatIfControls, W.VBox):
 
     # ---- actions -------------------------------------------------------------
     def resolve(self) -> None:
-        """Re-solve with a progress bar; the session keeps the old plan if it fails."""
-        self.progress.bar_style, self.progress.value = "info", 0
+        """Re-solve; the session reports its progress and keeps the old plan if it fails."""
         outcome = self.session.resolve()
-        self.progress.value = 1
         self.progress.bar_style = "success" if outcome.ok else "danger"
+
+    def controls(self) -> list[W.Widget]:
+        """Every control that starts an action or edits a pin (disabled while the session is busy)."""
+        return [self.resolve_button, self.reset_button, self.compare_button, self.search_button, self.launch_button,
+                self.save_button, self.load_button, self.launch_steps, self.microbatches, self.schedule, self.preset,
+                self.hosts, self.intra_bw, self.inter_bw, self.strategy_select, *self.cut_buttons.values(),
+                *self.submesh_dropdowns.values(), *self.remat_dropdowns.values()]
+
+    def _on_activity(self, what: str) -> None:
+        for control in self.controls():
+            control.disabled = bool(what)
+        if what:
+            self.status.value = f'<span style="color:#4C78A8"><b>&#x23F3; {what}...</b></span>'
+            self.progress.bar_style, self.progress.value, self.progress.description = "info", 0, what[:12]
+        else:
+            self.progress.value = self.progress.max
+
+    def _on_progress(self, phase: str, done: int, total: int) -> None:
+        self.progress.max = max(total, 1)
+        self.progress.value = min(done, self.progress.max)
+        self.progress.description = phase[:12]
+        self.progress.tooltip = f"{phase}: {done} of {total}"
+
+    def _mark(self, control: W.Widget, problem: str | None) -> None:
+        control.layout.border = "2px solid #b00020" if problem else ""
+        control.tooltip = problem or ""
 
     def _on_cut(self, layer: int) -> None:
         self.session.toggle_cut(layer)

@@ -9,6 +9,7 @@ public functions; a session can be given another solver (tests, what-ifs).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable, Literal
@@ -78,37 +79,64 @@ class WhatIf:
             Link(c.intra_host.alpha_s, intra_gb_s * 1e9), Link(c.inter_host.alpha_s, inter_gb_s * 1e9)))
 
 
+WHATIF_FIELDS = ("microbatches", "schedule", "preset", "hosts", "intra_bw", "inter_bw")
+
+
 def whatif_from_controls(current: WhatIf, cluster_changed: bool, microbatches: int, schedule: str, preset: str,
-                         hosts: int, intra_gb_s: float, inter_gb_s: float) -> WhatIf:
-    """The what-if the controls describe; a changed preset or host count keeps its own link figures."""
-    w = dataclasses.replace(current, num_microbatches=microbatches, schedule=schedule)
+                         hosts: int, intra_gb_s: float, inter_gb_s: float) -> tuple[WhatIf, dict[str, str]]:
+    """The what-if the controls describe, and what is wrong with each bad field (keyed by `WHATIF_FIELDS`).
+
+    A bad field keeps its current value, so it never blocks the others; a changed preset or host count
+    brings its own link figures.
+    """
+    problems: dict[str, str] = {}
+    w = current
+
+    def attempt(field: str, make: Callable[[], WhatIf]) -> None:
+        nonlocal w
+        try:
+            w = make()
+        except (TypeError, ValueError) as err:
+            problems[field] = str(err)
+
+    attempt("microbatches", lambda: dataclasses.replace(w, num_microbatches=int(microbatches)))
+    attempt("schedule", lambda: dataclasses.replace(w, schedule=schedule))
     if cluster_changed:
-        return w.with_preset(preset, hosts) if preset in PRESETS else w.with_hosts(hosts)
-    return w.with_bandwidths(intra_gb_s, inter_gb_s)
+        attempt("hosts", lambda: w.with_preset(preset, int(hosts)) if preset in PRESETS else w.with_hosts(int(hosts)))
+        return w, problems
+    inter = w.cluster.inter_host.bandwidth_bytes_per_s / 1e9
+    attempt("intra_bw", lambda: w.with_bandwidths(intra_gb_s, inter))
+    intra = w.cluster.intra_host.bandwidth_bytes_per_s / 1e9
+    attempt("inter_bw", lambda: w.with_bandwidths(intra, inter_gb_s))
+    return w, problems
 
 
 class WhatIfControls:
     """The what-if handler both front ends share (they name their controls alike).
 
-    A host class has `session`, `_syncing`, the controls `microbatches`,
-    `schedule`, `preset`, `hosts`, `intra_bw`, `inter_bw`, and `_show_error`.
+    A host class has `session`, `_syncing`, the controls named in `WHATIF_FIELDS`, `_show_error(text)` and
+    `_mark(control, problem)` (problem None clears the mark).
     """
 
     def _apply_whatif(self, cluster_changed: bool) -> None:
-        try:
-            w = whatif_from_controls(self.session.whatif, cluster_changed, self.microbatches.value,
-                                     self.schedule.value, self.preset.value, self.hosts.value,
-                                     self.intra_bw.value, self.inter_bw.value)
-        except ValueError as err:
-            self._show_error(str(err))
-            return
-        self._syncing = True
-        try:  # a new preset brings its own link figures: show them
-            self.intra_bw.value = w.cluster.intra_host.bandwidth_bytes_per_s / 1e9
-            self.inter_bw.value = w.cluster.inter_host.bandwidth_bytes_per_s / 1e9
-        finally:
-            self._syncing = False
-        self.session.set_whatif(w)
+        current = self.session.whatif
+        w, problems = whatif_from_controls(current, cluster_changed, self.microbatches.value, self.schedule.value,
+                                           self.preset.value, self.hosts.value, self.intra_bw.value,
+                                           self.inter_bw.value)
+        for field in WHATIF_FIELDS:
+            self._mark(getattr(self, field), problems.get(field))
+        if cluster_changed:  # a new preset brings its own link figures: show them
+            self._syncing = True
+            try:
+                self.intra_bw.value = w.cluster.intra_host.bandwidth_bytes_per_s / 1e9
+                self.inter_bw.value = w.cluster.inter_host.bandwidth_bytes_per_s / 1e9
+            finally:
+                self._syncing = False
+        if w != current:
+            self.session.set_whatif(w)
+        if problems:
+            self._show_error("; ".join(f"{field}: {text}" for field, text in problems.items())
+                             + " (the other fields still apply)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,8 +178,10 @@ class EditorSession:
         self.measured: Timeline | None = None
         self.comparison: tuple[tuple[str, Plan | str], ...] = ()
         self.message, self.ok = "", True
-        self.busy = False
+        self.activity = ""  # what the session is busy with ("" when idle)
         self._listeners: list[Callable[[], None]] = []
+        self._activity_listeners: list[Callable[[str], None]] = []
+        self._progress_listeners: list[Callable[[str, int, int], None]] = []
         if plan is None:
             outcome = self.resolve(Pins())
             if not outcome.ok:
@@ -165,6 +195,34 @@ class EditorSession:
     # ---- observers --------------------------------------------------------
     def on_change(self, callback: Callable[[], None]) -> None:
         self._listeners.append(callback)
+
+    def on_activity(self, callback: Callable[[str], None]) -> None:
+        """`callback(what)` when a long action starts (what it is) and ends ("")."""
+        self._activity_listeners.append(callback)
+
+    def on_progress(self, callback: Callable[[str, int, int], None]) -> None:
+        """`callback(phase, done, total)` as a long action advances (layers profiled, DP candidates, steps run)."""
+        self._progress_listeners.append(callback)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.activity)
+
+    @contextlib.contextmanager
+    def _working(self, what: str):
+        self.activity = what
+        for callback in self._activity_listeners:
+            callback(what)
+        try:
+            yield
+        finally:
+            self.activity = ""
+            for callback in self._activity_listeners:
+                callback("")
+
+    def _report(self, phase: str, done: int, total: int) -> None:
+        for callback in self._progress_listeners:
+            callback(phase, done, total)
 
     def _changed(self, outcome: Outcome) -> Outcome:
         self.message, self.ok = outcome.message, outcome.ok
@@ -233,18 +291,16 @@ class EditorSession:
         if self.cache is not None:
             options["cache"] = self.cache
         start = time.perf_counter()
-        self.busy = True
         try:
-            plan = self.solver(
-                self.graph, cluster=self.whatif.cluster, num_microbatches=self.whatif.num_microbatches,
-                schedule=self.whatif.schedule, pins=self.pins, progress=False, **options,
-            )
+            with self._working("re-solving"):
+                plan = self.solver(
+                    self.graph, cluster=self.whatif.cluster, num_microbatches=self.whatif.num_microbatches,
+                    schedule=self.whatif.schedule, pins=self.pins, progress=self._report, **options,
+                )
         except ValueError as err:
             return self._changed(Outcome(False, f"infeasible: {err}{self._kept()}"))
         except Exception as err:  # a solver bug must not take the editor down
             return self._changed(Outcome(False, f"solve failed: {type(err).__name__}: {err}{self._kept()}"))
-        finally:
-            self.busy = False
         self.previous = getattr(self, "plan", None)
         self.plan = plan
         self.measured = None
@@ -262,12 +318,13 @@ class EditorSession:
         global_args = tuple(repeat_batch(a, m) if i in argnums else a for i, a in enumerate(self.example_args))
         options = dict(self.solve_options, cache=self.cache)
         start = time.perf_counter()
-        self.busy = True
         try:
-            plan = self.solver(
-                self.step_fn, *global_args, cluster=self.whatif.cluster, num_microbatches="auto",
-                global_batch_argnums=argnums, schedule=self.whatif.schedule, pins=self.pins, progress=False, **options,
-            )
+            with self._working("searching the microbatch count"):
+                plan = self.solver(
+                    self.step_fn, *global_args, cluster=self.whatif.cluster, num_microbatches="auto",
+                    global_batch_argnums=argnums, schedule=self.whatif.schedule, pins=self.pins,
+                    progress=self._report, **options,
+                )
             count = plan.schedule.num_microbatches
             graph = trace(self.step_fn, *microbatch_args(global_args, argnums, count))
             plan.check_graph(graph)
@@ -275,8 +332,6 @@ class EditorSession:
             return self._changed(Outcome(False, f"no microbatch count works: {err}{self._kept()}"))
         except Exception as err:  # a solver bug must not take the editor down
             return self._changed(Outcome(False, f"search failed: {type(err).__name__}: {err}{self._kept()}"))
-        finally:
-            self.busy = False
         import jax
 
         micro_args = microbatch_args(global_args, argnums, count)
@@ -296,11 +351,14 @@ class EditorSession:
         options.update(cluster=self.whatif.cluster, num_microbatches=self.whatif.num_microbatches,
                        schedule=self.whatif.schedule, cache=self.cache)
         entries: list[tuple[str, Plan | str]] = [("this plan", self.plan)]
-        for name, baseline in (("Megatron grid (best)", megatron_grid), ("data parallel", data_parallel)):
-            try:
-                entries.append((name, baseline(self.graph, **options)))
-            except ValueError as err:  # does not fit, or no configuration applies: say why
-                entries.append((name, str(err).splitlines()[0][:200]))
+        baselines = (("Megatron grid (best)", megatron_grid), ("data parallel", data_parallel))
+        with self._working("pricing the baselines"):
+            for done, (name, baseline) in enumerate(baselines):
+                self._report("baselines priced", done, len(baselines))
+                try:
+                    entries.append((name, baseline(self.graph, **options)))
+                except ValueError as err:  # does not fit, or no configuration applies: say why
+                    entries.append((name, str(err).splitlines()[0][:200]))
         self.comparison = tuple(entries)
         return self._changed(Outcome(True, "compared with the Megatron grid and data parallelism"))
 
@@ -320,9 +378,12 @@ class EditorSession:
             m = self.plan.schedule.num_microbatches
             args = tuple(repeat_batch(a, m) if i in self.graph.batch_argnums else a
                          for i, a in enumerate(self.example_args))
-            step = parallelize(self.step_fn, self.plan, example_args=args, batch_argnums=self.graph.batch_argnums)
-            for _ in range(steps):
-                args = next_step_args(args, step(*args))
+            with self._working("launching"):
+                step = parallelize(self.step_fn, self.plan, example_args=args, batch_argnums=self.graph.batch_argnums)
+                for done in range(steps):
+                    self._report("steps run", done, steps)
+                    args = next_step_args(args, step(*args))
+                self._report("steps run", steps, steps)
             self.measured = step.last_trace()
         except Exception as err:  # shown in the UI, the plan stays
             return self._changed(Outcome(False, f"launch failed: {type(err).__name__}: {err}"))

@@ -53,25 +53,27 @@ _UNUSABLE = (ModelTooLargeError, NoStagePlanError, InfeasiblePinsError)
 
 
 def best_over_microbatches(plan_for: Callable[[int], Plan], counts: Sequence[int], what: str = "plan",
-                           progress: bool = False) -> Plan:
+                           progress: bool | Callable[[str, int, int], None] = False) -> Plan:
     """The fastest of `plan_for(b)` over `counts`; the plan's notes list every count's step time.
 
     Raises the last count's error when none fits.
     """
     results: list[tuple[int, Plan | Exception]] = []
     bar = None
-    if progress:
+    if progress and not callable(progress):
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(counts), desc="microbatch counts", leave=False)
     try:
-        for b in counts:
+        for done, b in enumerate(counts, start=1):
             try:
                 results.append((b, plan_for(b)))
             except _UNUSABLE as err:
                 results.append((b, err))
             if bar is not None:
                 bar.update(1)
+            elif callable(progress):
+                progress("microbatch counts", done, len(counts))
     finally:
         if bar is not None:
             bar.close()

@@ -35,6 +35,9 @@ from alpaviz.core.plan import (
     Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, format_bytes, graph_fingerprint,
 )
 
+# progress(phase, done, total): a phase such as "profiling layers" reports each step done.
+ProgressFn = Callable[[str, int, int], None]
+
 
 def solve(
     fn_or_graph: Callable[..., Any] | OpGraph,
@@ -46,7 +49,7 @@ def solve(
     pins: Pins | None = None,
     memory_limit: float | None = None,
     cache: StageProfileCache | None = None,
-    progress: bool = True,
+    progress: bool | ProgressFn = True,
     num_layers: int | None = None,
     stage_cost: StageCostFn | None = None,
     profile: bool = False,
@@ -66,7 +69,9 @@ def solve(
     measures each candidate on the local devices instead.  With `previous`
     (a plan of the same graph) ties are broken towards its stages, so a new
     pin moves only what it must.  `workers` > 1 profiles in that many
-    processes.  The traced batch is one microbatch; with
+    processes.  `progress` shows tqdm bars, or (a function) is called as
+    `progress(phase, done, total)` for each step of each phase (layers
+    profiled, DP candidates, microbatch counts).  The traced batch is one microbatch; with
     `global_batch_argnums=(1,)` the given batch argument is the global batch
     instead, and its dim 0 is divided by `num_microbatches` before tracing;
     then `num_microbatches="auto"` tries every count that divides the global
@@ -90,7 +95,8 @@ def solve(
                              "(with global_batch_argnums), not an OpGraph")
         cache = StageProfileCache() if cache is None else cache  # shared by every count
         options = dict(cluster=cluster, cost_model=cost_model, schedule=schedule, pins=pins,
-                       memory_limit=memory_limit, cache=cache, progress=False, num_layers=num_layers,
+                       memory_limit=memory_limit, cache=cache, progress=progress if callable(progress) else False,
+                       num_layers=num_layers,
                        stage_cost=stage_cost, profile=profile, submeshes=submeshes, tolerance=tolerance,
                        previous=previous, workers=workers, global_batch_argnums=global_batch_argnums)
         counts = microbatch_counts(global_batch_size(args, global_batch_argnums))
@@ -226,7 +232,7 @@ def prepare(
     pins: Pins = Pins(),
     memory_limit: float | None = None,
     cache: StageProfileCache | None = None,
-    progress: bool = False,
+    progress: bool | ProgressFn = False,
     num_layers: int | None = None,
     stage_cost: StageCostFn | None = None,
     profile: bool = False,
@@ -414,16 +420,35 @@ def assemble_plan(
     )
 
 
-def _bar(enabled: bool, desc: str, total: int | None):
-    if not enabled:
-        return None
-    from tqdm import tqdm
+class _Reporter:
+    """One phase's progress, to a tqdm bar (`progress=True`) or to the caller's `progress(phase, done, total)`."""
 
-    return tqdm(total=total, desc=desc, leave=False)
+    def __init__(self, progress: bool | ProgressFn, desc: str) -> None:
+        self.desc, self.report, self.bar = desc, None, None
+        if callable(progress):
+            self.report = progress
+        else:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=None, desc=desc, leave=False)
+
+    def tick(self, done: int, total: int) -> None:
+        if self.report is not None:
+            self.report(self.desc, done, total)
+            return
+        if self.bar.total != total:
+            self.bar.total = total
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
-def _tick(bar, done: int, total: int) -> None:
-    if bar.total != total:
-        bar.total = total
-    bar.n = done
-    bar.refresh()
+def _bar(progress: bool | ProgressFn, desc: str, total: int | None = None) -> _Reporter | None:
+    return _Reporter(progress, desc) if progress else None
+
+
+def _tick(bar: _Reporter, done: int, total: int) -> None:
+    bar.tick(done, total)

@@ -363,3 +363,46 @@ def test_search_count_button_plans_the_global_batch_at_its_fastest_microbatch_co
     assert session.example_args[1]["x"].shape[0] == 32 // count
     assert ed.microbatches.value == count and session.whatif.num_microbatches == count
     assert session.resolve().ok, session.message  # the what-if stays consistent with the new graph
+
+
+@pytest.mark.parametrize("front_end", ["ipywidgets", "panel"])
+def test_controls_are_disabled_and_progress_is_shown_while_the_solver_works(front_end):
+    from alpaviz.widgets._app import PanelEditor
+
+    graph = tiny_graph()
+    seen = {}
+
+    def watched_solver(graph, **options):
+        options["progress"]("profiling layers", 3, 7)  # the solver reports as it goes
+        seen["disabled"] = [c.disabled for c in ed.controls()]
+        seen["status"] = ed.status.value if front_end == "ipywidgets" else ed.status.object
+        seen["progress"] = ((ed.progress.value, ed.progress.max) if front_end == "ipywidgets"
+                            else (ed.progress.value, ed.progress.name))
+        return hand_solver(graph, **options)
+
+    session = EditorSession(graph, hand_plan(graph), solver=watched_solver)
+    ed = PlanEditor(session) if front_end == "ipywidgets" else PanelEditor(session)
+    assert not any(c.disabled for c in ed.controls())
+    ed.resolve()
+    assert session.ok, session.message
+    assert seen["disabled"] and all(seen["disabled"]), "every control is disabled during the solve"
+    assert "re-solving" in seen["status"]
+    assert seen["progress"] == ((3, 7) if front_end == "ipywidgets" else (42, "profiling layers: 3 of 7"))
+    assert not any(c.disabled for c in ed.controls()), "and enabled again after it"
+
+
+def test_a_bad_whatif_field_marks_itself_and_the_other_fields_still_apply():
+    from alpaviz.widgets._app import PanelEditor  # the ipywidgets boxes clamp to valid bounds; panel's do not
+
+    graph = tiny_graph()
+    session = EditorSession(graph, hand_plan(graph), solver=hand_solver)
+    ed = PanelEditor(session)
+    ed.inter_bw.value = -5.0
+    assert "inter_bw" in ed.status.object and "#b00020" in ed.inter_bw.styles.get("border", "")
+    ed.microbatches.value = 8  # another field still applies
+    assert session.whatif.num_microbatches == 8 and session.plan.schedule.num_microbatches == 8
+    assert "other fields still apply" in ed.status.object and ed.inter_bw.value == -5.0  # still there to fix
+    assert session.whatif.cluster.inter_host.bandwidth_bytes_per_s > 0  # the bad value never reached the plan
+    ed.inter_bw.value = 12.5  # fixed: the mark goes and the value applies
+    assert not ed.inter_bw.styles.get("border")
+    assert session.whatif.cluster.inter_host.bandwidth_bytes_per_s == pytest.approx(12.5e9)
