@@ -20,7 +20,7 @@ from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
-SOLVER_CHOICE = "(solver's choice)"
+SOLVER_CHOICE, TAB_TITLES = vm.SOLVER_CHOICE, vm.TAB_TITLES
 
 
 class PanelEditor(WhatIfControls):
@@ -28,6 +28,7 @@ class PanelEditor(WhatIfControls):
 
     def __init__(self, session: EditorSession) -> None:
         self.session = session
+        self.summary = pn.pane.HTML(sizing_mode="stretch_width")
         self.headline = pn.pane.HTML(sizing_mode="stretch_width")
         self.status = pn.pane.HTML(sizing_mode="stretch_width")
         self.progress = pn.indicators.Progress(value=100, max=100, width=200, bar_color="success")
@@ -70,20 +71,26 @@ class PanelEditor(WhatIfControls):
         self.refresh()
 
     def _layout(self) -> pn.Column:
+        """The header (figures, status, actions, what-if) always on top; the views in tabs under it."""
+        views = (
+            pn.Column(pn.pane.Markdown("### Stage cuts (click a gap: pin cut, pin no-cut, free)"), self.cut_row,
+                      self.submesh_column, pn.pane.Markdown("### Where the stages run"), self.cluster_pane,
+                      sizing_mode="stretch_width"),
+            pn.Column(pn.Row(self.graph_level, self.graph_layer), self.graph_pane, sizing_mode="stretch_width"),
+            pn.Column(self.tensor_select, self.mesh_pane, pn.Row(self.op_select, self.strategy_select)),
+            pn.Column(self.timeline_pane, sizing_mode="stretch_width"),
+            pn.Column(self.cost_pane, sizing_mode="stretch_width"),
+            pn.Column(pn.pane.Markdown("### What the last re-solve changed"), self.diff_pane,
+                      pn.pane.Markdown("### Why this plan"), self.compare_button, self.comparison_pane),
+        )
+        self.tabs = pn.Tabs(*zip(TAB_TITLES, views), dynamic=False, sizing_mode="stretch_width")
         return pn.Column(
-            pn.pane.Markdown("## alpaviz plan editor"), self.headline, pn.Row(self.spinner, self.status, self.progress),
+            pn.pane.Markdown("## alpaviz plan editor"), self.summary, self.headline,
+            pn.Row(self.spinner, self.status, self.progress),
             pn.Row(self.resolve_button, self.reset_button, self.launch_button, self.download, self.upload),
-            pn.Row(self.microbatches, self.search_button, self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw),
-            pn.pane.Markdown("### Stage cuts (click a gap: pin cut, pin no-cut, free)"), self.cut_row,
-            self.submesh_column,
-            pn.pane.Markdown("### Where the stages run"), self.cluster_pane,
-            pn.pane.Markdown("### Operator graph"), pn.Row(self.graph_level, self.graph_layer), self.graph_pane,
-            pn.pane.Markdown("### Sharding"), self.tensor_select, self.mesh_pane,
-            pn.Row(self.op_select, self.strategy_select),
-            pn.pane.Markdown("### Pipeline"), self.timeline_pane,
-            pn.pane.Markdown("### Cost"), self.cost_pane,
-            pn.pane.Markdown("### What the last re-solve changed"), self.diff_pane,
-            pn.pane.Markdown("### Why this plan"), self.compare_button, self.comparison_pane,
+            pn.Row(self.microbatches, self.search_button, self.schedule, self.preset, self.hosts, self.intra_bw,
+                   self.inter_bw),
+            self.tabs,
             sizing_mode="stretch_width",
         )
 
@@ -180,12 +187,14 @@ class PanelEditor(WhatIfControls):
                     predicted = s.predicted_timeline()
                 except Exception:  # a simulator failure must not hide the rest of the page
                     predicted = None
+                self._bubble = None if predicted is None else predicted.bubble_fraction
                 self.timeline_pane.object = F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured))
                 self.cost_pane.object = F.cost_figure(vm.cost_view(s.plan, s.previous))
                 self.cluster_pane.object = F.cluster_map_figure(cmap.cluster_map(s.graph, s.plan))
                 self.diff_pane.object = ("" if s.previous is None
                                          else compare.plan_diff_html(compare.plan_diff(s.previous, s.plan)))
                 self._drawn = (s.plan, s.measured)
+            self.summary.object = vm.header_html(vm.header_items(s.graph, s.plan, getattr(self, "_bubble", None)))
         finally:
             self._syncing = False
 

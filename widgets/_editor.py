@@ -19,7 +19,7 @@ from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
-SOLVER_CHOICE = "(solver's choice)"
+SOLVER_CHOICE, TAB_TITLES = vm.SOLVER_CHOICE, vm.TAB_TITLES
 
 
 def _replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
@@ -41,6 +41,7 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.session = session
         self._strategy_names = strategy_names
         self._syncing = False
+        self.summary = W.HTML()
         self.headline = W.HTML()
         self.status = W.HTML()
         self.progress = W.IntProgress(value=0, min=0, max=1, description="solve", layout=W.Layout(width="240px"))
@@ -94,23 +95,27 @@ class PlanEditor(WhatIfControls, W.VBox):
 
     # ---- layout and wiring --------------------------------------------------
     def _layout(self) -> list[W.Widget]:
+        """The header (figures, status, actions, what-if) always on top; the views in tabs under it."""
         section = lambda title: W.HTML(f"<b>{title}</b>")  # noqa: E731
+        self.tabs = W.Tab(children=[
+            W.VBox([section("Stage cuts (click a gap: pin cut / pin no-cut / free)"), self.cut_row, self.submesh_box,
+                    section("Where the stages run"), self.cluster_figure]),
+            W.VBox([W.HBox([self.graph_level, self.graph_layer]), self.graph_figure]),
+            W.VBox([W.HBox([self.tensor_select]), self.mesh_picture, W.HBox([self.op_select, self.strategy_select])]),
+            W.VBox([self.timeline_figure]),
+            W.VBox([self.cost_figure]),
+            W.VBox([section("What the last re-solve changed"), self.diff,
+                    section("Why this plan"), self.compare_button, self.comparison]),
+        ])
+        for index, title in enumerate(TAB_TITLES):
+            self.tabs.set_title(index, title)
         return [
-            W.HBox([self.headline]), W.HBox([self.status, self.progress]),
+            self.summary, W.HBox([self.headline]), W.HBox([self.status, self.progress]),
             W.HBox([self.resolve_button, self.reset_button, self.launch_steps, self.launch_button,
                     self.path, self.save_button, self.load_button]),
-            section("What if"),
             W.HBox([self.microbatches, self.search_button, self.schedule, self.preset]),
             W.HBox([self.hosts, self.intra_bw, self.inter_bw]),
-            section("Stage cuts (click a gap: pin cut / pin no-cut / free)"), self.cut_row, self.submesh_box,
-            section("Where the stages run"), self.cluster_figure,
-            section("Operator graph"), W.HBox([self.graph_level, self.graph_layer]), self.graph_figure,
-            section("Sharding"), W.HBox([self.tensor_select]), self.mesh_picture,
-            W.HBox([self.op_select, self.strategy_select]),
-            section("Pipeline"), self.timeline_figure,
-            section("Cost"), self.cost_figure,
-            section("What the last re-solve changed"), self.diff,
-            section("Why this plan"), self.compare_button, self.comparison,
+            self.tabs,
         ]
 
     def _wire(self) -> None:
@@ -212,6 +217,7 @@ class PlanEditor(WhatIfControls, W.VBox):
                 self.diff.value = ("" if s.previous is None
                                    else compare.plan_diff_html(compare.plan_diff(s.previous, s.plan)))
                 self._drawn = drawn
+            self.summary.value = vm.header_html(vm.header_items(s.graph, s.plan, getattr(self, "_bubble", None)))
         finally:
             self._syncing = False
 
@@ -318,6 +324,7 @@ class PlanEditor(WhatIfControls, W.VBox):
             predicted = s.predicted_timeline()
         except Exception:  # a simulator failure must not hide the rest of the editor
             predicted = None
+        self._bubble = None if predicted is None else predicted.bubble_fraction
         _replace_figure(self.timeline_figure, F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured)))
 
 

@@ -12,6 +12,7 @@ import math
 from typing import Iterable, Literal, Sequence
 
 from alpaviz.core import MemoryBreakdown, OpGraph, Pins, Plan, Spec, shard_shape, spec_name
+from alpaviz.core.plan import format_bytes
 
 CutPin = Literal["cut", "no_cut"] | None
 GraphLevel = Literal["layer", "op"]
@@ -407,3 +408,67 @@ def plan_headline(plan: Plan) -> str:
     cuts = ", ".join(map(str, plan.stage_cuts)) or "none"
     meshes = "; ".join(f"{s.submesh[0]}x{s.submesh[1]}" for s in plan.stages)
     return f"{plan.num_stages} stages, cuts at layers: {cuts} (submeshes {meshes})"
+
+
+SOLVER_CHOICE = "(solver's choice)"
+TAB_TITLES = ("Stages", "Graph", "Sharding", "Timeline", "Cost", "Why this plan")
+
+
+# ---- header -----------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class HeaderItem:
+    """One figure of the always-visible header: a label, its value and a line of detail."""
+
+    label: str
+    value: str
+    detail: str = ""
+
+
+def matmul_dtype(graph: OpGraph) -> str | None:
+    """The dtype that carries most of the graph's FLOPs (the peak the throughput is a share of)."""
+    flops: dict[str | None, float] = {}
+    for node in graph.nodes:
+        dtype = graph.operand_dtype(node)
+        flops[dtype] = flops.get(dtype, 0.0) + node.flops
+    return max(flops, key=flops.get, default=None)
+
+
+def header_items(graph: OpGraph, plan: Plan, bubble: float | None = None) -> tuple[HeaderItem, ...]:
+    """Step time, throughput (per device and as a share of peak), bubble, peak memory against the limit, solver.
+
+    `bubble` is the predicted timeline's idle share (what the timeline tab writes); without it, the plan's
+    fill-and-drain share of the step.
+    """
+    p = plan.predicted
+    step = p.step_time_s
+    dtype = matmul_dtype(graph)
+    peak = plan.cluster.device.peak_flops_for(dtype)
+    per_device = graph.total_flops * plan.schedule.num_microbatches / step / plan.cluster.num_devices if step else 0.0
+    limit = p.memory_limit_bytes
+    memory_share = p.max_memory_bytes / limit if limit and math.isfinite(limit) else None
+    return (
+        HeaderItem("step time", f"{step * 1e3:.4g} ms", f"{plan.schedule.num_microbatches} microbatches, "
+                   f"{plan.schedule.kind}, on {plan.cluster.name}"),
+        HeaderItem("throughput", f"{per_device / 1e12:.3g} TFLOP/s", f"per device, {per_device / peak:.0%} of the "
+                   f"{dtype or 'default'} peak"),
+        HeaderItem("bubble", f"{(p.bubble_s / step if bubble is None else bubble):.0%}" if step else "n/a",
+                   f"{plan.num_stages} stages, " + ("idle share of the timeline" if bubble is not None
+                                                    else "fill and drain")),
+        HeaderItem("peak memory", format_bytes(p.max_memory_bytes),
+                   f"{memory_share:.0%} of the limit" if memory_share is not None else "no limit"),
+        HeaderItem("solver", plan.solver.status, f"{plan.solver.seconds:.2f} s"),
+    )
+
+
+def header_html(items: Sequence[HeaderItem]) -> str:
+    """The header as a row of cards."""
+    import html
+
+    cards = "".join(
+        f'<div style="border:1px solid #ddd;border-radius:6px;padding:6px 12px;min-width:130px">'
+        f'<div style="color:#666;font-size:11px">{html.escape(i.label)}</div>'
+        f'<div style="font-size:20px;font-weight:600">{html.escape(i.value)}</div>'
+        f'<div style="color:#666;font-size:11px">{html.escape(i.detail)}</div></div>'
+        for i in items
+    )
+    return f'<div style="display:flex;flex-wrap:wrap;gap:8px">{cards}</div>'

@@ -100,3 +100,37 @@ def test_pin_a_cut_in_the_browser_and_resolve(app_url):
             browser.close()
     assert (gap in after) == (state == "pinned cut") and (gap in before) != (gap in after), (
         f"pinned {state} before layer {gap}; cuts before {sorted(before)}, after {sorted(after)}")
+
+
+def test_every_tab_draws_its_view_and_the_header_stays_above_the_fold(app_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(app_url, timeout=120_000)
+            page.get_by_text("cuts at layers").wait_for(timeout=120_000)
+            header = page.get_by_text("throughput", exact=True)
+            box = header.bounding_box()
+            assert box is not None and box["y"] + box["height"] < 900, f"the header sits at {box}"
+            page.get_by_text(re.compile(r"^[\d.]+ TFLOP/s$")).first.wait_for(timeout=10_000)
+            drawn = {}
+            for title in ("Stages", "Graph", "Sharding", "Timeline", "Cost", "Why this plan"):
+                page.locator(".bk-tab").filter(has_text=re.compile(rf"^{title}$")).click()
+                page.wait_for_timeout(500)
+                plots = page.locator(".js-plotly-plot")
+                drawn[title] = [plots.nth(i).locator(".gtitle").first.text_content() or ""
+                                for i in range(plots.count()) if plots.nth(i).is_visible()]
+                if title == "Sharding":
+                    page.get_by_text(re.compile(r"^stage \d+: ")).first.wait_for(timeout=10_000)
+                if title == "Why this plan":
+                    page.get_by_role("button", name="Compare").click()
+                    page.get_by_text("bubble ms").wait_for(timeout=120_000)
+                page.screenshot(path=str(ARTIFACTS / f"browser_tab_{title.split()[0].lower()}.png"))
+        finally:
+            browser.close()
+    assert len(drawn["Stages"]) == 1 and len(drawn["Graph"]) == 1, drawn  # the cluster map; the operator graph
+    assert drawn["Stages"][0].startswith("where each stage runs") and drawn["Graph"][0].startswith("operator graph")
+    assert drawn["Timeline"] == ["pipeline timeline"] and drawn["Cost"][0].startswith("step "), drawn
+    assert drawn["Sharding"] == [] and drawn["Why this plan"] == [], drawn

@@ -325,3 +325,22 @@ def test_the_timeline_panels_name_their_hardware_and_relate_to_the_plan():
         assert "the plan's step time" in left.title
     else:
         assert "<sup>" not in left.title
+
+
+def test_the_header_gives_step_time_throughput_bubble_memory_and_solver():
+    graph = tiny_graph()
+    plan = hand_plan(graph)
+    step, p = plan.predicted.step_time_s, plan.predicted
+    per_device = graph.total_flops * plan.schedule.num_microbatches / step / plan.cluster.num_devices
+    items = {i.label: i for i in vm.header_items(graph, plan, bubble=0.25)}
+    assert list(items) == ["step time", "throughput", "bubble", "peak memory", "solver"]
+    assert items["step time"].value == f"{step * 1e3:.4g} ms"
+    assert items["throughput"].value == f"{per_device / 1e12:.3g} TFLOP/s"
+    share = per_device / plan.cluster.device.peak_flops_for("float32")
+    assert items["throughput"].detail == f"per device, {share:.0%} of the float32 peak"  # the tiny GPT is fp32
+    assert items["bubble"].value == "25%" and "idle share" in items["bubble"].detail
+    assert items["peak memory"].detail == f"{p.max_memory_bytes / p.memory_limit_bytes:.0%} of the limit"
+    assert items["solver"].value == plan.solver.status
+    fill = {i.label: i for i in vm.header_items(graph, plan)}["bubble"]
+    assert fill.value == f"{p.bubble_s / step:.0%}" and "fill and drain" in fill.detail
+    assert vm.header_html(vm.header_items(graph, plan)).count("<div style=\"border") == 5
