@@ -5,7 +5,7 @@ layouts its search chose or that its authors ran by hand, for a global batch of 
 rematerialisation on every stage.  This script pins each layout (stages, submeshes, logical meshes,
 remat, microbatch count) and prices it from the same stage profiles as our own plans, then prints:
 
-* Alpa's plan at its microbatch count;
+* Alpa's plan at its microbatch count, and the same layout without rematerialisation;
 * our plan at the same layer count and microbatch count (the search Alpa ran);
 * our plan with the microbatch count searched too (over the counts Alpa's suite tried);
 * the ratio of ours to Alpa's (below 1: ours is predicted faster).
@@ -46,7 +46,7 @@ class AlpaPlan:
     def num_layers(self) -> int:
         return sum(self.layers_per_stage)
 
-    def pins(self) -> av.Pins:
+    def pins(self, remat: bool = True) -> av.Pins:
         cuts, at = [], 0
         for count in self.layers_per_stage[:-1]:
             at += count
@@ -54,7 +54,7 @@ class AlpaPlan:
         pins = av.Pins(stage_cuts=tuple(cuts), num_stages=len(self.layers_per_stage),
                        num_microbatches=self.num_microbatches)
         for stage, (submesh, logical) in enumerate(zip(self.submeshes, self.logical_meshes)):
-            pins = pins.with_submesh(stage, submesh, logical).with_remat(stage, True)
+            pins = pins.with_submesh(stage, submesh, logical).with_remat(stage, remat)
         return pins
 
 
@@ -88,6 +88,12 @@ def run(alpa: AlpaPlan, stage_cost) -> list[tuple[str, av.Plan | str, av.OpGraph
         rows.append((alpa.source, av.solve(graph, pins=alpa.pins(), **options), graph, time.perf_counter() - started))
     except ValueError as err:
         rows.append((alpa.source, str(err).splitlines()[0][:160], None, time.perf_counter() - started))
+    started = time.perf_counter()
+    try:
+        rows.append(("the same without remat", av.solve(graph, pins=alpa.pins(remat=False), **options), graph,
+                     time.perf_counter() - started))
+    except ValueError as err:
+        rows.append(("the same without remat", str(err).splitlines()[0][:160], None, time.perf_counter() - started))
     started = time.perf_counter()
     ours = av.solve(graph, num_microbatches=alpa.num_microbatches, **options)
     rows.append((f"ours, B={alpa.num_microbatches}", ours, graph, time.perf_counter() - started))

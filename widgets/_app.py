@@ -18,6 +18,7 @@ from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
+from alpaviz.widgets._tensor_picture import tensor_picture
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
 SOLVER_CHOICE, TAB_TITLES = vm.SOLVER_CHOICE, vm.TAB_TITLES
@@ -39,7 +40,10 @@ class PanelEditor(WhatIfControls):
         self.graph_pane = pn.pane.Plotly(height=320, sizing_mode="stretch_width")
         self.op_select = pn.widgets.Select(name="operator", width=420)
         self.strategy_select = pn.widgets.Select(name="strategy", width=420)
-        self.tensor_select = pn.widgets.Select(name="tensor", width=420)
+        self.tensor_select = pn.widgets.AutocompleteInput(
+            name="tensor (type to search any tensor)", search_strategy="includes", case_sensitive=False,
+            min_characters=1, restrict=True, width=420)
+        self.tensor_pane = pn.pane.Plotly(height=340, sizing_mode="stretch_width")
         self.mesh_pane = pn.pane.HTML()
         self.timeline_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
         self.cost_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
@@ -77,7 +81,8 @@ class PanelEditor(WhatIfControls):
                       self.submesh_column, pn.pane.Markdown("### Where the stages run"), self.cluster_pane,
                       sizing_mode="stretch_width"),
             pn.Column(pn.Row(self.graph_level, self.graph_layer), self.graph_pane, sizing_mode="stretch_width"),
-            pn.Column(self.tensor_select, self.mesh_pane, pn.Row(self.op_select, self.strategy_select)),
+            pn.Column(self.tensor_select, self.tensor_pane, self.mesh_pane, pn.Row(self.op_select, self.strategy_select),
+                      sizing_mode="stretch_width"),
             pn.Column(self.timeline_pane, sizing_mode="stretch_width"),
             pn.Column(self.cost_pane, sizing_mode="stretch_width"),
             pn.Column(pn.pane.Markdown("### What the last re-solve changed"), self.diff_pane,
@@ -169,11 +174,11 @@ class PanelEditor(WhatIfControls):
             self._draw_cuts()
             self._draw_submeshes()
             self.comparison_pane.object = compare.comparison_html(compare.comparison_rows(s.comparison))
-            rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins, inputs_only=True)}
+            rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins)}
             self._rows = rows
             keep = self.tensor_select.value
             self.tensor_select.options = list(rows)
-            self.tensor_select.value = keep if keep in rows else next(iter(rows), None)
+            self.tensor_select.value = keep if keep in rows else self._first_tensor_key()
             self._draw_mesh()
             self._strategies = {r.node: r for r in vm.strategy_rows(s.graph, s.plan, s.pins)}
             keep = self.op_select.value
@@ -266,8 +271,16 @@ class PanelEditor(WhatIfControls):
                 else vm.op_graph_view(s.graph, s.plan, None if layer in (-1, None) else [layer], max_nodes=300))
         self.graph_pane.object = F.graph_figure(view)
 
+    def _first_tensor_key(self) -> str:
+        first = vm.first_tensor(list(self._rows.values()))
+        return "" if first is None else f"stage {first.stage}: {first.tensor}"
+
     def _draw_mesh(self) -> None:
         row = getattr(self, "_rows", {}).get(self.tensor_select.value)
+        picture = None if row is None else tensor_picture(row)
+        if picture is not None and getattr(self, "_pictured", None) != picture:
+            self.tensor_pane.object = F.tensor_figure(picture)
+            self._pictured = picture
         self.mesh_pane.object = F.mesh_html(row) if row is not None and row.blocks else "<i>no sharding</i>"
 
 

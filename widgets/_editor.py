@@ -17,6 +17,7 @@ from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
+from alpaviz.widgets._tensor_picture import tensor_picture
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
 SOLVER_CHOICE, TAB_TITLES = vm.SOLVER_CHOICE, vm.TAB_TITLES
@@ -55,7 +56,9 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.submesh_box = W.VBox()
         self.submesh_dropdowns: dict[int, W.Dropdown] = {}
         # sharding
-        self.tensor_select = W.Dropdown(description="tensor", layout=W.Layout(width="480px"))
+        self.tensor_select = W.Combobox(description="tensor", placeholder="type to search any tensor", ensure_option=True,
+                                        layout=W.Layout(width="480px"))
+        self.tensor_figure = go.FigureWidget()
         self.mesh_picture = W.HTML()
         self.op_select = W.Dropdown(description="operator", layout=W.Layout(width="480px"))
         self.strategy_select = W.Dropdown(description="strategy", layout=W.Layout(width="480px"))
@@ -101,7 +104,8 @@ class PlanEditor(WhatIfControls, W.VBox):
             W.VBox([section("Stage cuts (click a gap: pin cut / pin no-cut / free)"), self.cut_row, self.submesh_box,
                     section("Where the stages run"), self.cluster_figure]),
             W.VBox([W.HBox([self.graph_level, self.graph_layer]), self.graph_figure]),
-            W.VBox([W.HBox([self.tensor_select]), self.mesh_picture, W.HBox([self.op_select, self.strategy_select])]),
+            W.VBox([W.HBox([self.tensor_select]), self.tensor_figure, self.mesh_picture,
+                    W.HBox([self.op_select, self.strategy_select])]),
             W.VBox([self.timeline_figure]),
             W.VBox([self.cost_figure]),
             W.VBox([section("What the last re-solve changed"), self.diff,
@@ -287,10 +291,10 @@ class PlanEditor(WhatIfControls, W.VBox):
 
     def _fill_sharding(self) -> None:
         s = self.session
-        self._rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins, inputs_only=True)}
+        self._rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins)}
         keep = self.tensor_select.value
         self.tensor_select.options = list(self._rows)
-        self.tensor_select.value = keep if keep in self._rows else next(iter(self._rows), None)
+        self.tensor_select.value = keep if keep in self._rows else self._first_tensor_key()
         self._draw_mesh()
         self._strategies = {r.node: r for r in vm.strategy_rows(s.graph, s.plan, s.pins)}
         keep = self.op_select.value
@@ -299,8 +303,16 @@ class PlanEditor(WhatIfControls, W.VBox):
                                    else vm.costliest_operator(s.graph, list(self._strategies.values())))
         self._fill_strategies()
 
+    def _first_tensor_key(self) -> str:
+        first = vm.first_tensor(list(self._rows.values()))
+        return "" if first is None else f"stage {first.stage}: {first.tensor}"
+
     def _draw_mesh(self) -> None:
         row = self._rows.get(self.tensor_select.value) if hasattr(self, "_rows") else None
+        picture = None if row is None else tensor_picture(row)
+        if picture is not None and getattr(self, "_pictured", None) != picture:
+            _replace_figure(self.tensor_figure, F.tensor_figure(picture))
+            self._pictured = picture
         self.mesh_picture.value = F.mesh_html(row) if row is not None and row.blocks else "<i>no sharding</i>"
 
     def _fill_strategies(self) -> None:

@@ -10,6 +10,7 @@ from plotly.subplots import make_subplots
 
 from alpaviz.widgets._view_model import MEMORY_PARTS, CostView, GraphView, ShardingRow, byte_unit, node_size
 from alpaviz.widgets._cluster_map import ClusterMap
+from alpaviz.widgets._tensor_picture import TensorPicture
 from alpaviz.widgets._timeline_view import GanttBar, TimelinePanel, idle_gaps
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6")
@@ -156,6 +157,27 @@ def mesh_html(row: ShardingRow) -> str:
     caption = (f"{html.escape(row.tensor)} {row.shape} as {row.name} = {html.escape(row.partition_spec)} on mesh "
                f"{row.mesh_shape[0]}x{row.mesh_shape[1]}: block {row.shard_shape}")
     return f'<div><div style="font-size:12px">{caption}</div><table style="border-collapse:collapse">{rows}</table></div>'
+
+
+def tensor_figure(picture: TensorPicture) -> go.Figure:
+    """The tensor as a rectangle split into the regions each device holds, the axes saying how each dim is split."""
+    fig = go.Figure()
+    for k, region in enumerate(picture.regions):
+        (r0, r1), (c0, c1) = region.rows, region.cols
+        fig.add_shape(type="rect", x0=c0, x1=c1, y0=r0, y1=r1, fillcolor=PALETTE[k % len(PALETTE)],
+                      line=dict(color="white", width=2), layer="below")
+    fig.add_trace(go.Scatter(
+        x=[(r.cols[0] + r.cols[1]) / 2 for r in picture.regions], y=[(r.rows[0] + r.rows[1]) / 2 for r in picture.regions],
+        mode="text", text=[r.label for r in picture.regions], textfont=dict(color="white", size=12),
+        hovertext=[f"rows {r.rows[0]}:{r.rows[1]}, cols {r.cols[0]}:{r.cols[1]} on devices {list(r.devices)}"
+                   for r in picture.regions], hoverinfo="text", showlegend=False,
+    ))
+    fig.update_xaxes(range=[0, picture.width], title_text=picture.col_label, side="top", showgrid=False)
+    fig.update_yaxes(range=[picture.height, 0], title_text=picture.row_label, showgrid=False)
+    title = picture.title + (f"<br><sup>{html.escape(picture.note)}</sup>" if picture.note else "")
+    _layout(fig, title, 340)
+    fig.update_layout(margin=dict(l=60, r=10, t=110, b=20))
+    return fig
 
 
 def cluster_map_figure(view: ClusterMap) -> go.Figure:

@@ -319,6 +319,11 @@ def sharding_rows(graph: OpGraph, plan: Plan, pins: Pins, inputs_only: bool = Fa
     return tuple(sorted(rows, key=lambda r: (not r.tensor.startswith("params."), r.stage, r.tensor)))
 
 
+def first_tensor(rows: Sequence[ShardingRow]) -> ShardingRow | None:
+    """The tensor the sharding view opens on: the largest one that is split, else the largest."""
+    return max(rows, key=lambda r: (any(r.spec), math.prod(r.shape)), default=None)
+
+
 def strategy_rows(graph: OpGraph, plan: Plan, pins: Pins, options_for=None) -> tuple[StrategyRow, ...]:
     """A row per operator with a strategy in the plan; `options_for(node, stage)` lists alternatives."""
     rows = []

@@ -133,4 +133,5 @@ def test_every_tab_draws_its_view_and_the_header_stays_above_the_fold(app_url):
     assert len(drawn["Stages"]) == 1 and len(drawn["Graph"]) == 1, drawn  # the cluster map; the operator graph
     assert drawn["Stages"][0].startswith("where each stage runs") and drawn["Graph"][0].startswith("operator graph")
     assert drawn["Timeline"] == ["pipeline timeline"] and drawn["Cost"][0].startswith("step "), drawn
-    assert drawn["Sharding"] == [] and drawn["Why this plan"] == [], drawn
+    assert len(drawn["Sharding"]) == 1 and " on stage " in drawn["Sharding"][0], drawn  # the tensor picture
+    assert drawn["Why this plan"] == [], drawn

@@ -344,3 +344,42 @@ def test_the_header_gives_step_time_throughput_bubble_memory_and_solver():
     fill = {i.label: i for i in vm.header_items(graph, plan)}["bubble"]
     assert fill.value == f"{p.bubble_s / step:.0%}" and "fill and drain" in fill.detail
     assert vm.header_html(vm.header_items(graph, plan)).count("<div style=\"border") == 5
+
+
+@pytest.mark.parametrize(
+    "shape,spec,mesh,drawn,regions",
+    [((64, 32), (("x",), ()), (4, 2), ("dim 0", "dim 1"), 4),
+     ((64, 32), (("x",), ("y",)), (4, 2), ("dim 0", "dim 1"), 8),
+     ((8, 16, 32), ((), (), ("x", "y")), (2, 4), ("dim 0", "dim 2"), 8),
+     ((8, 16, 32), (("x",), ("y",), ()), (2, 4), ("dim 0", "dim 1"), 8),
+     ((96,), (("y",),), (2, 4), ("(one row)", "dim 0"), 4)],
+    ids=["rows", "grid", "3d-last", "3d-first-two", "vector"],
+)
+def test_the_tensor_picture_splits_the_rectangle_into_the_regions_devices_hold(shape, spec, mesh, drawn, regions):
+    from alpaviz.widgets._tensor_picture import tensor_picture
+
+    row = vm.ShardingRow("t", 0, shape, spec, "S", mesh, tuple(range(mesh[0] * mesh[1])), False)
+    picture = tensor_picture(row)
+    assert (picture.row_label.split(" (")[0], picture.col_label.split(" (")[0]) == drawn
+    assert len(picture.regions) == regions
+    # The regions tile the drawn rectangle exactly, and every device holds exactly one.
+    area = sum((r.rows[1] - r.rows[0]) * (r.cols[1] - r.cols[0]) for r in picture.regions)
+    assert area == picture.height * picture.width
+    assert sorted(d for r in picture.regions for d in r.devices) == list(range(mesh[0] * mesh[1]))
+    replicas = mesh[0] * mesh[1] // regions
+    assert all(len(r.devices) == replicas for r in picture.regions)
+
+
+def test_any_tensor_of_the_plan_can_be_pictured_intermediates_included():
+    from alpaviz.widgets import _figures as F
+    from alpaviz.widgets._tensor_picture import tensor_picture
+
+    graph = tiny_graph(2)
+    plan = av.solve(graph, cluster=av.Cluster.a100_node(1, 4), num_microbatches=2, progress=False,
+                    pins=av.Pins(num_stages=1))  # the ILP specs every tensor it shards, intermediates included
+    rows = vm.sharding_rows(graph, plan, av.Pins())
+    inputs = set(graph.inputs)
+    intermediate = next(r for r in rows if r.tensor not in inputs and len(r.shape) >= 2)
+    fig = F.tensor_figure(tensor_picture(intermediate))
+    assert len(fig.layout.shapes) == len(tensor_picture(intermediate).regions)
+    assert intermediate.tensor in fig.layout.title.text and fig.layout.xaxis.title.text.startswith("dim ")
