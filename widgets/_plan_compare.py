@@ -100,7 +100,8 @@ def comparison_html(rows: Sequence[ComparisonRow]) -> str:
     import html
 
     if not rows:
-        return "<i>press Compare to price the Megatron grid and data parallelism beside this plan</i>"
+        return ("<i>press Compare to price the solver's best with one stage fewer and one more, the Megatron grid "
+                "and data parallelism beside this plan</i>")
     best = min((r.step_s for r in rows if r.step_s is not None), default=None)
     names = [n for n, _ in next((r.parts for r in rows if r.parts), ())]
     head = "".join(f"<th>{html.escape(n)} ms</th>" for n in names)

@@ -345,22 +345,39 @@ class EditorSession:
             f"searched the microbatch count in {time.perf_counter() - start:.2f} s: {count} microbatches of "
             f"{rows} (global batch {rows * count}); the step times per count are in the plan's notes")))
 
+    def runner_up_stage_counts(self) -> tuple[int, ...]:
+        """The stage counts priced beside the plan: one fewer and one more than it has (unless the pins fix it)."""
+        if self.pins.num_stages is not None:
+            return ()
+        most = min(self.graph.num_layers, self.whatif.cluster.num_devices)
+        return tuple(n for n in (self.plan.num_stages - 1, self.plan.num_stages + 1) if 1 <= n <= most)
+
     def compare(self) -> Outcome:
-        """Price the Megatron grid's best and data parallelism beside the shown plan, from the same profiles."""
+        """Price beside the shown plan the solver's best with one stage fewer and one more (the runner-ups of
+        the stage DP, under the same pins), the Megatron grid's best and data parallelism, from the same
+        profiles."""
         options = {k: v for k, v in self.solve_options.items() if k in ("stage_cost", "memory_limit", "num_layers")}
         options.update(cluster=self.whatif.cluster, num_microbatches=self.whatif.num_microbatches,
                        schedule=self.whatif.schedule, cache=self.cache)
         entries: list[tuple[str, Plan | str]] = [("this plan", self.plan)]
-        baselines = (("Megatron grid (best)", megatron_grid), ("data parallel", data_parallel))
-        with self._working("pricing the baselines"):
-            for done, (name, baseline) in enumerate(baselines):
-                self._report("baselines priced", done, len(baselines))
+        jobs: list[tuple[str, Callable[[], Plan]]] = [
+            (f"best with {n} stages", lambda n=n: self.solver(
+                self.graph, pins=dataclasses.replace(self.pins, num_stages=n), progress=False,
+                **dict(self.solve_options, **options)))
+            for n in self.runner_up_stage_counts()
+        ]
+        jobs += [("Megatron grid (best)", lambda: megatron_grid(self.graph, **options)),
+                 ("data parallel", lambda: data_parallel(self.graph, **options))]
+        with self._working("pricing the alternatives"):
+            for done, (name, make) in enumerate(jobs):
+                self._report("alternatives priced", done, len(jobs))
                 try:
-                    entries.append((name, baseline(self.graph, **options)))
+                    entries.append((name, make()))
                 except ValueError as err:  # does not fit, or no configuration applies: say why
                     entries.append((name, str(err).splitlines()[0][:200]))
         self.comparison = tuple(entries)
-        return self._changed(Outcome(True, "compared with the Megatron grid and data parallelism"))
+        return self._changed(Outcome(True, "compared with the runner-up stage counts, the Megatron grid and "
+                                           "data parallelism"))
 
     # ---- timelines and launch ----------------------------------------------
     def predicted_timeline(self) -> Timeline:

@@ -240,12 +240,22 @@ def test_compare_prices_the_grid_and_data_parallelism_beside_the_plan(solved_edi
     ed.resolve_button.click()
     assert "press Compare" in ed.comparison.value
     ed.compare_button.click()
-    names = [name for name, _ in ed.session.comparison]
-    assert names == ["this plan", "Megatron grid (best)", "data parallel"]
-    plan, grid = ed.session.comparison[0][1], ed.session.comparison[1][1]
-    # the grid is a corner of the planner's search space, priced from the same profiles
-    assert plan.predicted.step_time_s <= grid.predicted.step_time_s * (1 + 1e-9)
-    assert ed.comparison.value.count("<tr>") == 4 and "bubble ms" in ed.comparison.value
+    entries = dict(ed.session.comparison)
+    counts = ed.session.runner_up_stage_counts()
+    n = ed.session.plan.num_stages
+    assert counts == tuple(k for k in (n - 1, n + 1) if 1 <= k <= 4) and counts
+    assert list(entries) == ["this plan", *(f"best with {k} stages" for k in counts), "Megatron grid (best)",
+                             "data parallel"]
+    plan, grid = entries["this plan"], entries["Megatron grid (best)"]
+    # the grid and the runner-ups are corners of the planner's search space, priced from the same profiles
+    for name, other in entries.items():
+        if isinstance(other, av.Plan):
+            assert plan.predicted.step_time_s <= other.predicted.step_time_s * (1 + 1e-9), name
+    for k in counts:
+        runner_up = entries[f"best with {k} stages"]
+        assert isinstance(runner_up, str) or runner_up.num_stages == k
+    assert isinstance(grid, av.Plan)
+    assert ed.comparison.value.count("<tr>") == len(entries) + 1 and "bubble ms" in ed.comparison.value
     ed.resolve_button.click()  # a new plan: the old comparison is dropped
     assert ed.session.comparison == () and "press Compare" in ed.comparison.value
 
@@ -406,3 +416,12 @@ def test_a_bad_whatif_field_marks_itself_and_the_other_fields_still_apply():
     ed.inter_bw.value = 12.5  # fixed: the mark goes and the value applies
     assert not ed.inter_bw.styles.get("border")
     assert session.whatif.cluster.inter_host.bandwidth_bytes_per_s == pytest.approx(12.5e9)
+
+
+def test_the_editor_carries_a_static_snapshot_for_notebooks_exported_to_html():
+    ed = _editor()
+    bundle = ed._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle  # the live editor where a kernel runs
+    snapshot = bundle["text/html"]  # what an HTML export without widget state shows
+    assert ">step time<" in snapshot and "a static snapshot" in snapshot
+    assert snapshot.count('class="plotly-graph-div"') == 4 and "plotly.min.js" not in snapshot
