@@ -17,6 +17,7 @@ from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
+from alpaviz.widgets._report import ReportSection, section_html
 from alpaviz.widgets._tensor_picture import tensor_picture
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
@@ -95,6 +96,21 @@ class PlanEditor(WhatIfControls, W.VBox):
         session.on_activity(self._on_activity)
         session.on_progress(self._on_progress)
         self.refresh()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict:
+        """The live widget, and a static snapshot (`text/html`) that a notebook exported to HTML shows."""
+        data = super()._repr_mimebundle_(**kwargs)
+        data["text/html"] = self.snapshot_html()
+        return data
+
+    def snapshot_html(self) -> str:
+        """The header and the plan's figures as static HTML (plotly.js is expected on the page, as the
+        notebook renderer puts it there)."""
+        s = self.session
+        header = vm.header_html(vm.header_items(s.graph, s.plan, getattr(self, "_bubble", None)))
+        section = ReportSection("plan editor (a static snapshot: run the notebook to edit)", s.graph, s.plan,
+                                s.measured)
+        return f"<div>{header}{section_html(section, first=False)}</div>"
 
     # ---- layout and wiring --------------------------------------------------
     def _layout(self) -> list[W.Widget]:
