@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-fast serve bench clean browser-deps
+.PHONY: venv demo test test-fast serve bench clean browser-deps notebooks-html
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,14 @@ test-fast: $(STAMP)
 serve: $(STAMP)
 	$(PY) -m alpaviz serve
 
+# Each notebook executed and exported to notebooks/html/ (figures as HTML, the editor as a static snapshot;
+# widget state is cleared, which keeps the pages small and readable offline).
+notebooks-html: $(STAMP)
+	$(PY) -m jupyter nbconvert --to html --execute --ClearMetadataPreprocessor.enabled=True \
+		--ExecutePreprocessor.timeout=600 --output-dir notebooks/html notebooks/*.ipynb
+
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) demo_report.html tests/artifacts .pytest_cache
+	rm -rf $(VENV) demo_report.html tests/artifacts .pytest_cache notebooks/html

@@ -29,12 +29,15 @@ def test_notebook_executes(path, tmp_path):
     ]
     assert not errors
     # Exported to HTML, as a reader without a kernel sees it: every figure drawn, the editor as a snapshot.
+    # As `make notebooks-html` exports them: the widget state is cleared, so the editor shows its snapshot.
     from nbconvert import HTMLExporter
+    from traitlets.config import Config
 
-    page, _ = HTMLExporter().from_notebook_node(nb)
+    page, _ = HTMLExporter(config=Config({"ClearMetadataPreprocessor": {"enabled": True}})).from_notebook_node(nb)
     figures = sum(1 for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
                   if "application/vnd.plotly.v1+json" in out.get("data", {}))
-    assert figures and page.count('class="plotly-graph-div"') >= figures, f"{figures} figures, not all drawn"
+    assert page.count('class="plotly-graph-div"') >= figures, f"{figures} figures, not all drawn"
+    assert figures or path.stem.startswith("02"), "notebooks 01 and 03 draw plotly figures"
     if "av.editor(" in "".join(cell.source for cell in nb.cells):
         assert "a static snapshot: run the notebook to edit" in page and ">step time<" in page
     assert len(page) < 12e6, f"{path.name} exports to {len(page) / 1e6:.1f} MB of HTML"
