@@ -55,6 +55,8 @@ class PanelEditor(WhatIfControls):
         self.reset_button = pn.widgets.Button(name="Reset pins")
         self.launch_button = pn.widgets.Button(name="Launch", button_type="success")
         self.download = pn.widgets.FileDownload(callback=self._plan_json, filename="plan.json", label="Save plan")
+        self.trace_download = pn.widgets.FileDownload(callback=self._trace_json, filename="trace.json",
+                                                      label="Perfetto trace")
         self.upload = pn.widgets.FileInput(accept=".json", name="Load plan")
         w = session.whatif
         self.microbatches = pn.widgets.IntInput(name="microbatches", value=w.num_microbatches, start=1, width=120)
@@ -92,7 +94,8 @@ class PanelEditor(WhatIfControls):
         return pn.Column(
             pn.pane.Markdown("## alpaviz plan editor"), self.summary, self.headline,
             pn.Row(self.spinner, self.status, self.progress),
-            pn.Row(self.resolve_button, self.reset_button, self.launch_button, self.download, self.upload),
+            pn.Row(self.resolve_button, self.reset_button, self.launch_button, self.download, self.upload,
+                   self.trace_download),
             pn.Row(self.microbatches, self.search_button, self.schedule, self.preset, self.hosts, self.intra_bw,
                    self.inter_bw),
             self.tabs,
@@ -125,7 +128,7 @@ class PanelEditor(WhatIfControls):
         pins = [w for row in self.submesh_column.objects for w in row.objects if isinstance(w, pn.widgets.Widget)]
         cuts = [w for w in self.cut_row.objects if isinstance(w, pn.widgets.Button)]
         return [self.resolve_button, self.reset_button, self.compare_button, self.search_button, self.launch_button,
-                self.download, self.upload, self.microbatches, self.schedule, self.preset, self.hosts, self.intra_bw,
+                self.download, self.upload, self.trace_download, self.microbatches, self.schedule, self.preset, self.hosts, self.intra_bw,
                 self.inter_bw, self.strategy_select, *cuts, *pins]
 
     def _on_activity(self, what: str) -> None:
@@ -150,6 +153,11 @@ class PanelEditor(WhatIfControls):
         import io
 
         return io.StringIO(self.session.plan.with_pins(self.session.pins).to_json(indent=1))
+
+    def _trace_json(self):
+        import io
+
+        return io.StringIO(self.session.trace_json())
 
     def _on_upload(self, event: Any) -> None:
         """The uploaded bytes alone are parsed; nothing the browser sends is taken as a server path."""

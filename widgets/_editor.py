@@ -77,6 +77,8 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.launch_button = W.Button(description="Launch", button_style="success")
         self.path = W.Text(value="plan.json", description="file", layout=W.Layout(width="260px"))
         self.save_button = W.Button(description="Save plan")
+        self.trace_button = W.Button(description="Save trace", tooltip="the timeline as a Perfetto / Chrome trace, "
+                                     "next to the plan file (its name with .trace.json)")
         self.load_button = W.Button(description="Load plan")
         # what-if
         w = session.whatif
@@ -132,7 +134,7 @@ class PlanEditor(WhatIfControls, W.VBox):
         return [
             self.summary, W.HBox([self.headline]), W.HBox([self.status, self.progress]),
             W.HBox([self.resolve_button, self.reset_button, self.launch_steps, self.launch_button,
-                    self.path, self.save_button, self.load_button]),
+                    self.path, self.save_button, self.load_button, self.trace_button]),
             W.HBox([self.microbatches, self.search_button, self.schedule, self.preset]),
             W.HBox([self.hosts, self.intra_bw, self.inter_bw]),
             self.tabs,
@@ -146,6 +148,7 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.search_button.on_click(lambda _: s.search_microbatches())
         self.launch_button.on_click(lambda _: s.launch(self.launch_steps.value))
         self.save_button.on_click(lambda _: s.save(self.path.value))
+        self.trace_button.on_click(lambda _: s.save_trace(trace_path(self.path.value)))
         self.load_button.on_click(lambda _: s.load(self.path.value))
         self.graph_level.observe(lambda _: self._draw_graph(), "value")
         self.graph_layer.observe(lambda _: self._draw_graph(), "value")
@@ -164,7 +167,7 @@ class PlanEditor(WhatIfControls, W.VBox):
     def controls(self) -> list[W.Widget]:
         """Every control that starts an action or edits a pin (disabled while the session is busy)."""
         return [self.resolve_button, self.reset_button, self.compare_button, self.search_button, self.launch_button,
-                self.save_button, self.load_button, self.launch_steps, self.microbatches, self.schedule, self.preset,
+                self.save_button, self.load_button, self.trace_button, self.launch_steps, self.microbatches, self.schedule, self.preset,
                 self.hosts, self.intra_bw, self.inter_bw, self.strategy_select, *self.cut_buttons.values(),
                 *self.submesh_dropdowns.values(), *self.remat_dropdowns.values()]
 
@@ -354,6 +357,12 @@ class PlanEditor(WhatIfControls, W.VBox):
             predicted = None
         self._bubble = None if predicted is None else predicted.bubble_fraction
         _replace_figure(self.timeline_figure, F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured)))
+
+
+def trace_path(plan_path: str) -> str:
+    """Where the editor saves the timeline: the plan file's name with .trace.json."""
+    stem = plan_path[:-5] if plan_path.endswith(".json") else plan_path
+    return stem + ".trace.json"
 
 
 def editor(fn_or_plan: Callable[..., Any] | Plan, *args: Any, cluster=None, graph: OpGraph | None = None,

@@ -407,6 +407,16 @@ class EditorSession:
         return self._changed(Outcome(True, f"launched {steps} steps; measured timeline filled in"))
 
     # ---- files ----------------------------------------------------------------
+    def trace_json(self) -> str:
+        """The measured timeline (after a launch), else the predicted one, as Chrome / Perfetto trace JSON."""
+        return (self.measured or self.predicted_timeline()).to_chrome_trace()
+
+    def save_trace(self, path: str) -> Outcome:
+        with open(path, "w") as f:
+            f.write(self.trace_json())
+        which = "measured" if self.measured is not None else "predicted"
+        return self._changed(Outcome(True, f"{which} timeline saved to {path}: open it in ui.perfetto.dev"))
+
     def save(self, path: str) -> Outcome:
         with open(path, "w") as f:
             f.write(self.plan.with_pins(self.pins).to_json(indent=1))

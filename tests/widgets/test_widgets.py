@@ -162,6 +162,23 @@ def test_save_and_load_buttons(tmp_path):
     assert "pinned cut" in other.cut_buttons[3].description
 
 
+def test_the_timeline_saves_as_a_perfetto_trace_from_both_front_ends(tmp_path):
+    import json
+
+    from alpaviz.widgets._app import PanelEditor
+
+    ed = _editor()
+    ed.path.value = str(tmp_path / "p.json")
+    ed.trace_button.click()
+    assert "predicted timeline saved to" in ed.status.value
+    trace = json.loads((tmp_path / "p.trace.json").read_text())
+    runs = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] in ("forward", "backward")]
+    timeline = ed.session.predicted_timeline()
+    assert len(runs) == sum(e.kind in ("forward", "backward") for e in timeline.events)
+    app = PanelEditor(ed.session)
+    assert json.loads(app.trace_download.callback().getvalue()) == trace
+
+
 def test_editor_facade_on_a_plan_needs_a_graph():
     with pytest.raises(ValueError, match="needs the graph"):
         av.editor(hand_plan(tiny_graph()))
