@@ -201,7 +201,7 @@ class PanelEditor(WhatIfControls):
                 except Exception:  # a simulator failure must not hide the rest of the page
                     predicted = None
                 self._bubble = None if predicted is None else predicted.bubble_fraction
-                self.timeline_pane.object = F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured))
+                self.timeline_pane.object = F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured, s.measured_prediction))
                 self.cost_pane.object = F.cost_figure(vm.cost_view(s.plan, s.previous))
                 self.cluster_pane.object = F.cluster_map_figure(cmap.cluster_map(s.graph, s.plan))
                 self.diff_pane.object = ("" if s.previous is None

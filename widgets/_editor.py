@@ -356,7 +356,7 @@ class PlanEditor(WhatIfControls, W.VBox):
         except Exception:  # a simulator failure must not hide the rest of the editor
             predicted = None
         self._bubble = None if predicted is None else predicted.bubble_fraction
-        _replace_figure(self.timeline_figure, F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured)))
+        _replace_figure(self.timeline_figure, F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured, s.measured_prediction)))
 
 
 def trace_path(plan_path: str) -> str:

@@ -15,7 +15,7 @@ import time
 from typing import Any, Callable, Literal
 
 from alpaviz.core import (
-    MAX_DOCUMENT_BYTES, Cluster, Link, OpGraph, Pins, Plan, StageProfileCache, Timeline, next_step_args,
+    MAX_DOCUMENT_BYTES, Cluster, CostModel, Link, OpGraph, Pins, Plan, StageProfileCache, Timeline, next_step_args,
     parallelize, predicted_timeline, solve, strategy_names as core_strategy_names, trace, validate_plan,
 )
 from alpaviz.core.graph import microbatch_args, split_microbatch
@@ -176,6 +176,7 @@ class EditorSession:
         self.step_fn, self.example_args = step_fn, example_args
         self.previous: Plan | None = None
         self.measured: Timeline | None = None
+        self.measured_prediction: Timeline | None = None  # the plan priced for the devices the launch ran on
         self.comparison: tuple[tuple[str, Plan | str], ...] = ()
         self.message, self.ok = "", True
         self.activity = ""  # what the session is busy with ("" when idle)
@@ -303,7 +304,7 @@ class EditorSession:
             return self._changed(Outcome(False, f"solve failed: {type(err).__name__}: {err}{self._kept()}"))
         self.previous = getattr(self, "plan", None)
         self.plan = plan
-        self.measured = None
+        self.measured = self.measured_prediction = None
         self.comparison = ()  # priced against the old plan; Compare again
         return self._changed(Outcome(True, f"re-solved in {time.perf_counter() - start:.2f} s"))
 
@@ -340,6 +341,7 @@ class EditorSession:
         self.graph = graph
         self.whatif = dataclasses.replace(self.whatif, num_microbatches=count)
         self.previous, self.plan, self.measured, self.comparison = self.plan, plan, None, ()
+        self.measured_prediction = None
         rows = min(x.shape[0] for i in argnums for x in jax.tree.leaves(micro_args[i]) if x.shape)
         return self._changed(Outcome(True, (
             f"searched the microbatch count in {time.perf_counter() - start:.2f} s: {count} microbatches of "
@@ -404,7 +406,28 @@ class EditorSession:
             self.measured = step.last_trace()
         except Exception as err:  # shown in the UI, the plan stays
             return self._changed(Outcome(False, f"launch failed: {type(err).__name__}: {err}"))
+        with self._working("pricing the plan for this machine"):
+            self.measured_prediction = self.local_prediction()
         return self._changed(Outcome(True, f"launched {steps} steps; measured timeline filled in"))
+
+    def local_prediction(self) -> Timeline | None:
+        """The plan's stage layout priced for this machine's devices as calibrated (`Cluster.local(calibrate=True)`,
+        at 100% of the measured rates), so a launch has a prediction on its own hardware to be compared with;
+        None when the layout does not fit this machine or cannot be priced there."""
+        plan = self.plan
+        try:
+            cluster = Cluster.local(calibrate=True)
+            pins = Pins(stage_cuts=plan.stage_cuts, num_stages=plan.num_stages)
+            for stage in plan.stages:
+                pins = pins.with_submesh(stage.index, stage.submesh, stage.logical_mesh).with_remat(stage.index,
+                                                                                                  stage.remat)
+            options = {k: v for k, v in self.solve_options.items() if k in ("stage_cost", "num_layers")}
+            local = solve(self.graph, cluster=cluster, cost_model=CostModel(compute_efficiency=1.0, memory_efficiency=1.0),
+                          num_microbatches=plan.schedule.num_microbatches, schedule=plan.schedule.kind, pins=pins,
+                          memory_limit=1e18, progress=False, cache=self.cache, **options)  # it ran: it fits
+            return predicted_timeline(local, self.graph)
+        except ValueError:
+            return None
 
     # ---- files ----------------------------------------------------------------
     def trace_json(self) -> str:
@@ -434,6 +457,7 @@ class EditorSession:
         except ValueError as err:
             return self._changed(Outcome(False, f"could not load the plan: {err}"))
         self.previous, self.plan, self.pins, self.measured = self.plan, plan, plan.pins, None
+        self.measured_prediction = None
         self.comparison = ()
         return self._changed(Outcome(True, "plan loaded"))
 

@@ -116,14 +116,15 @@ def stage_ratios(predicted: Timeline, measured: Timeline) -> tuple[tuple[int, fl
     return tuple(out)
 
 
-def timeline_panels(plan: Plan, predicted: Timeline | None, measured: Timeline | None
-                    ) -> tuple[TimelinePanel, TimelinePanel]:
+def timeline_panels(plan: Plan, predicted: Timeline | None, measured: Timeline | None,
+                    measured_prediction: Timeline | None = None) -> tuple[TimelinePanel, TimelinePanel]:
     """The predicted and the measured panel of the editor's chart.
 
     The predicted panel says how its end relates to the plan's step time: the stage DP adds each stage's
     once-per-step update in series (a bound that keeps it exact), while the simulated schedule overlaps
     them.  The measured panel gives each stage's measured/predicted ratio, the two being different
-    hardware unless the plan was made for the devices it ran on.
+    hardware unless the plan was made for the devices it ran on; with `measured_prediction` (the plan priced
+    for the devices it ran on) the ratios are taken against that instead, on one hardware.
     """
     note = ""
     if predicted is not None and predicted.events:
@@ -132,9 +133,12 @@ def timeline_panels(plan: Plan, predicted: Timeline | None, measured: Timeline |
             note = (f"the plan's step time, {step * 1e3:.4g} ms, is the stage DP's estimate: "
                     f"it adds the stages' once-per-step updates in series, the schedule overlaps them")
     ratio_note = ""
-    if predicted is not None and measured is not None:
-        ratios = stage_ratios(predicted, measured)
+    basis = measured_prediction if measured_prediction is not None else predicted
+    if basis is not None and measured is not None:
+        ratios = stage_ratios(basis, measured)
         if ratios:
-            ratio_note = "measured / predicted per stage: " + ", ".join(f"{s}: {r:.3g}x" for s, r in ratios)
+            which = (f"predicted for {measured_prediction.hardware} ({measured_prediction.total_s * 1e3:.4g} ms)"
+                     if measured_prediction is not None else "predicted")
+            ratio_note = f"measured / {which} per stage: " + ", ".join(f"{s}: {r:.3g}x" for s, r in ratios)
     return (timeline_panel(predicted, "predicted", note, "not available"),
             timeline_panel(measured, "measured", ratio_note, "press Launch"))

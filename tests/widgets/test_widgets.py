@@ -311,7 +311,10 @@ def test_launch_runs_the_plan_and_fills_the_measured_timeline():
     assert bars and sum(len(t.x) for t in drawn) == len(bars)
     title = ed.timeline_figure.layout.annotations[1].text  # its own hardware, its bubble, and how far off
     assert title.startswith("measured on this machine: 8 CPU devices: ") and "bubble" in title
-    assert "measured / predicted" not in title  # a hand plan has no predicted costs to compare with
+    # The hand plan carries no costs; the launch priced its layout for this machine, as calibrated.
+    local = session.measured_prediction
+    assert local is not None and "calibrated" in local.hardware and local.total_s > 0
+    assert f"measured / predicted for {local.hardware}" in title and "per stage: 0: " in title
 
 
 def test_panel_editor_pins_a_strategy_and_expands_a_layer():
