@@ -291,6 +291,8 @@ class _Problem:
     groups: tuple[tuple[int, np.ndarray], ...]  # (devices, mesh indices)
     max_stages: int
     constraints: StageConstraints
+    # per stage size: ((in_link, back_link), device counts d) where a stage of that size may start at devices - d
+    slots: dict[int, tuple[tuple[tuple[int, int], np.ndarray], ...]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def build(cls, table, num_devices, num_microbatches, schedule, memory_limit, constraints) -> "_Problem":
@@ -318,8 +320,17 @@ class _Problem:
         max_stages = min(num_layers, num_devices)
         if constraints.num_stages is not None:
             max_stages = min(max_stages, constraints.num_stages)
+        used = np.arange(num_devices + 1)
+        first = num_devices - used
+        slots = {}
+        for size, _ in groups:
+            ok = (used >= size) & table.placeable(first, size)
+            links = np.stack([table.at_host_edge(first), table.at_host_edge(first + size)], axis=1).astype(int)
+            pairs = sorted({(int(a), int(b)) for a, b in links[ok]})
+            slots[size] = tuple(((a, b), np.flatnonzero(ok & (links[:, 0] == a) & (links[:, 1] == b)))
+                                for a, b in pairs)
         return cls(table, num_devices, num_microbatches, schedule, times, sum_cost, max_in_flight, groups,
-                   max_stages, constraints)
+                   max_stages, constraints, slots)
 
     def prefer(self, stages: Sequence[StageChoice]) -> None:
         """Make every stage not in `stages` a hair dearer, so ties keep the preferred ones."""
@@ -397,6 +408,15 @@ class _Problem:
         best_m = np.zeros(current.shape, np.int64) if track else None
         used = np.arange(devices + 1)
         first = devices - used
+        if not track:  # the hot path: each pair of links only over the device counts where it occurs
+            for size, members in self.groups:
+                shifted = np.full_like(previous, np.inf)
+                shifted[:, size:] = previous[:, : devices + 1 - size]
+                for (a, b), ds in self.slots[size]:
+                    per_range = cost[a, b][:, :, members].min(axis=-1)  # (k, j)
+                    best = (per_range[:, :, None] + shifted[None, :, ds]).min(axis=1)  # (k, len(ds))
+                    current[:, ds] = np.minimum(current[:, ds], best)
+            return current, None
         for size, members in self.groups:
             if size > devices:
                 continue
@@ -409,9 +429,6 @@ class _Problem:
             shifted = np.full_like(previous, np.inf)
             shifted[:, size:] = previous[:, : devices + 1 - size]
             total = per_d.transpose(1, 2, 0) + shifted[None, :, :]  # (k, j, d)
-            if not track:
-                np.minimum(current, total.min(axis=1), out=current)
-                continue
             j_best = total.argmin(axis=1)  # (k, d)
             value = np.take_along_axis(total, j_best[:, None, :], axis=1)[:, 0, :]
             better = value < current

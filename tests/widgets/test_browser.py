@@ -4,6 +4,7 @@
 missing this test fails with that instruction instead of skipping.
 """
 
+import contextlib
 import os
 import pathlib
 import re
@@ -73,63 +74,61 @@ def _cuts(text: str) -> set[int]:
     return set() if match.group(1) == "none" else {int(c) for c in match.group(1).split(",")}
 
 
-def test_pin_a_cut_in_the_browser_and_resolve(app_url):
+@contextlib.contextmanager
+def _app_page(url: str, width: int, height: int):
+    """The app open in Chromium at `width` x `height`, once its first plan is shown."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1800})
-            page.goto(app_url, timeout=120_000)
-            headline = page.get_by_text("cuts at layers")
-            headline.wait_for(timeout=120_000)
-            before = _cuts(headline.inner_text())
-            free = sorted(set(range(1, 4)) - before)
-            # pin a cut in a gap the plan does not cut; if it cuts every gap, click on to pin a no-cut
-            gap, clicks, state = (free[0], 1, "pinned cut") if free else (2, 2, "pinned no-cut")
-            for _ in range(clicks):
-                page.get_by_role("button", name=re.compile(rf"^gap {gap - 1}\|{gap} ")).click()
-                page.wait_for_timeout(300)
-            page.get_by_text(f"gap before layer {gap}: {state}").wait_for(timeout=30_000)
-            page.get_by_role("button", name="Re-solve").click()
-            page.get_by_text(re.compile(r"^re-solved in")).wait_for(timeout=60_000)
-            after = _cuts(headline.inner_text())
-            page.wait_for_timeout(1000)  # let plotly finish drawing for the screenshot
-            page.screenshot(path=str(ARTIFACTS / "browser_editor.png"), full_page=True)
+            page = browser.new_page(viewport={"width": width, "height": height})
+            page.goto(url, timeout=120_000)
+            page.get_by_text("cuts at layers").wait_for(timeout=120_000)
+            yield page
         finally:
             browser.close()
+
+
+def test_pin_a_cut_in_the_browser_and_resolve(app_url):
+    with _app_page(app_url, 1300, 1800) as page:
+        headline = page.get_by_text("cuts at layers")
+        before = _cuts(headline.inner_text())
+        free = sorted(set(range(1, 4)) - before)
+        # pin a cut in a gap the plan does not cut; if it cuts every gap, click on to pin a no-cut
+        gap, clicks, state = (free[0], 1, "pinned cut") if free else (2, 2, "pinned no-cut")
+        for _ in range(clicks):
+            page.get_by_role("button", name=re.compile(rf"^gap {gap - 1}\|{gap} ")).click()
+            page.wait_for_timeout(300)
+        page.get_by_text(f"gap before layer {gap}: {state}").wait_for(timeout=30_000)
+        page.get_by_role("button", name="Re-solve").click()
+        page.get_by_text(re.compile(r"^re-solved in")).wait_for(timeout=60_000)
+        after = _cuts(headline.inner_text())
+        page.wait_for_timeout(1000)  # let plotly finish drawing for the screenshot
+        page.screenshot(path=str(ARTIFACTS / "browser_editor.png"), full_page=True)
     assert (gap in after) == (state == "pinned cut") and (gap in before) != (gap in after), (
         f"pinned {state} before layer {gap}; cuts before {sorted(before)}, after {sorted(after)}")
 
 
 def test_every_tab_draws_its_view_and_the_header_stays_above_the_fold(app_url):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(app_url, timeout=120_000)
-            page.get_by_text("cuts at layers").wait_for(timeout=120_000)
-            header = page.get_by_text("throughput", exact=True)
-            box = header.bounding_box()
-            assert box is not None and box["y"] + box["height"] < 900, f"the header sits at {box}"
-            page.get_by_text(re.compile(r"^[\d.]+ TFLOP/s$")).first.wait_for(timeout=10_000)
-            drawn = {}
-            for title in ("Stages", "Graph", "Sharding", "Timeline", "Cost", "Why this plan"):
-                page.locator(".bk-tab").filter(has_text=re.compile(rf"^{title}$")).click()
-                page.wait_for_timeout(500)
-                plots = page.locator(".js-plotly-plot")
-                drawn[title] = [plots.nth(i).locator(".gtitle").first.text_content() or ""
-                                for i in range(plots.count()) if plots.nth(i).is_visible()]
-                if title == "Sharding":
-                    page.get_by_text(re.compile(r"^stage \d+: ")).first.wait_for(timeout=10_000)
-                if title == "Why this plan":
-                    page.get_by_role("button", name="Compare").click()
-                    page.get_by_text("bubble ms").wait_for(timeout=120_000)
-                page.screenshot(path=str(ARTIFACTS / f"browser_tab_{title.split()[0].lower()}.png"))
-        finally:
-            browser.close()
+    with _app_page(app_url, 1400, 900) as page:
+        header = page.get_by_text("throughput", exact=True)
+        box = header.bounding_box()
+        assert box is not None and box["y"] + box["height"] < 900, f"the header sits at {box}"
+        page.get_by_text(re.compile(r"^[\d.]+ TFLOP/s$")).first.wait_for(timeout=10_000)
+        drawn = {}
+        for title in ("Stages", "Graph", "Sharding", "Timeline", "Cost", "Why this plan"):
+            page.locator(".bk-tab").filter(has_text=re.compile(rf"^{title}$")).click()
+            page.wait_for_timeout(500)
+            plots = page.locator(".js-plotly-plot")
+            drawn[title] = [plots.nth(i).locator(".gtitle").first.text_content() or ""
+                            for i in range(plots.count()) if plots.nth(i).is_visible()]
+            if title == "Sharding":
+                page.get_by_text(re.compile(r"^stage \d+: ")).first.wait_for(timeout=10_000)
+            if title == "Why this plan":
+                page.get_by_role("button", name="Compare").click()
+                page.get_by_text("bubble ms").wait_for(timeout=120_000)
+            page.screenshot(path=str(ARTIFACTS / f"browser_tab_{title.split()[0].lower()}.png"))
     assert len(drawn["Stages"]) == 1 and len(drawn["Graph"]) == 1, drawn  # the cluster map; the operator graph
     assert drawn["Stages"][0].startswith("where each stage runs") and drawn["Graph"][0].startswith("operator graph")
     assert drawn["Timeline"] == ["pipeline timeline"] and drawn["Cost"][0].startswith("step "), drawn
