@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Iterable, Literal, Sequence
 
 from alpaviz.core import MemoryBreakdown, OpGraph, Pins, Plan, Spec, shard_shape, spec_name
@@ -49,6 +50,21 @@ def _fmt_flops(flops: float) -> str:
     return f"{flops:.3g} FLOP"
 
 
+def format_seconds(seconds: float) -> str:
+    """A duration in the unit that fits: 59.5 ns, 1.23 us, 4.5 ms, 2.1 s."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def split_ways(strategy: str, logical_mesh: tuple[int, int]) -> int:
+    """Into how many parts a strategy in Alpa's notation splits an operator's work: the product of the mesh
+    axes its `S` dims name (`S0R` on a 4x2 mesh: 4; `S01` or `S0S1`: 8; `RR`: 1, every device does it all)."""
+    axes = {int(a) for token in re.findall(r"S(\d+)", strategy) for a in token if int(a) < len(logical_mesh)}
+    return math.prod(logical_mesh[a] for a in axes)
+
+
 def _stage_of_layer(plan: Plan) -> dict[int, int]:
     return {layer: stage.index for stage in plan.stages for layer in stage.layers}
 
@@ -87,16 +103,16 @@ def _op_hover(graph: OpGraph, plan: Plan, name: str) -> str:
     shapes = lambda names: ", ".join(  # noqa: E731
         f"{graph.tensor(t).shape}" for t in names if t in graph.tensor_by_name
     )
-    strategy = plan.strategies.get(name, "(solver default)")
+    strategy = plan.strategies.get(name)
     stage = plan.stage_of_layer(node.layer) if plan.stages else None
-    device = plan.cluster.device
-    seconds = plan.cost_model.op_time(node.primitive, node.flops, node.bytes_read + node.bytes_written, device,
-                                      graph.operand_dtype(node))
-    if stage is not None:
-        seconds /= len(stage.device_ids)
+    ways = split_ways(strategy, stage.logical_mesh) if strategy and stage is not None else 1
+    seconds = plan.cost_model.op_time(node.primitive, node.flops / ways, (node.bytes_read + node.bytes_written) / ways,
+                                      plan.cluster.device, graph.operand_dtype(node))
+    split = f"split {ways} ways" if ways > 1 else "whole on every device of its stage"
     return (
         f"{name} [{node.primitive}, {node.role}]<br>in: {shapes(node.inputs)}<br>out: {shapes(node.outputs)}"
-        f"<br>strategy: {strategy}<br>{_fmt_flops(node.flops)}, ~{seconds * 1e6:.3g} us compute per device"
+        f"<br>strategy: {strategy or '(none recorded)'} ({split})<br>{_fmt_flops(node.flops)}, "
+        f"~{format_seconds(seconds)} of compute per device"
         + (f"<br>{node.note}" if node.note else "")
     )
 

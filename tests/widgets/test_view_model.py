@@ -383,3 +383,28 @@ def test_any_tensor_of_the_plan_can_be_pictured_intermediates_included():
     fig = F.tensor_figure(tensor_picture(intermediate))
     assert len(fig.layout.shapes) == len(tensor_picture(intermediate).regions)
     assert intermediate.tensor in fig.layout.title.text and fig.layout.xaxis.title.text.startswith("dim ")
+
+
+@pytest.mark.parametrize("strategy,mesh,ways", [("RR", (4, 2), 1), ("S0R", (4, 2), 4), ("RS1", (4, 2), 2),
+                                                 ("S0S1", (4, 2), 8), ("S01R", (4, 2), 8), ("S1R", (1, 8), 8)])
+def test_an_operators_hover_divides_its_work_only_by_the_ways_its_strategy_splits_it(strategy, mesh, ways):
+    assert vm.split_ways(strategy, mesh) == ways
+    assert vm.format_seconds(5.95e-8) == "59.5 ns" and vm.format_seconds(1.5e-3) == "1.5 ms"
+
+
+def test_an_operators_hover_time_follows_its_strategy():
+    graph = tiny_graph()
+    plan = hand_plan(graph)
+    view = vm.op_graph_view(graph, plan, max_nodes=len(graph.nodes))
+    seen = set()
+    for shown in view.nodes:
+        node, strategy = graph.node(shown.key), plan.strategies.get(shown.key)
+        if strategy is None:
+            continue
+        ways = vm.split_ways(strategy, plan.stages[shown.stage].logical_mesh)
+        time = plan.cost_model.op_time(node.primitive, node.flops / ways, (node.bytes_read + node.bytes_written) / ways,
+                                       plan.cluster.device, graph.operand_dtype(node))
+        assert f"~{vm.format_seconds(time)} of compute per device" in shown.hover
+        assert ("(whole on every device of its stage)" if ways == 1 else f"(split {ways} ways)") in shown.hover
+        seen.add(shown.key)
+    assert len(seen) > 20
