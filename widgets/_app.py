@@ -18,6 +18,7 @@ from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
+from alpaviz.widgets._layer_view import layer_bars, operator_rows, operator_table_html
 from alpaviz.widgets._tensor_picture import tensor_picture
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
@@ -38,6 +39,11 @@ class PanelEditor(WhatIfControls):
         self.graph_level = pn.widgets.RadioButtonGroup(options={"layers": "layer", "operators": "op"}, value="layer")
         self.graph_layer = pn.widgets.Select(name="layer (operators view)", options={"all": -1}, value=-1, width=160)
         self.graph_pane = pn.pane.Plotly(height=320, sizing_mode="stretch_width")
+        self.layer_pane = pn.pane.Plotly(height=320, sizing_mode="stretch_width")
+        self.table_layer = pn.widgets.Select(name="operators of", options={"L0": 0}, value=0, width=120)
+        self.op_search = pn.widgets.TextInput(name="search", placeholder="scope, name, primitive or strategy",
+                                              width=320)
+        self.op_table = pn.pane.HTML(sizing_mode="stretch_width")
         self.op_select = pn.widgets.Select(name="operator", width=420)
         self.strategy_select = pn.widgets.Select(name="strategy", width=420)
         self.tensor_select = pn.widgets.AutocompleteInput(
@@ -82,7 +88,8 @@ class PanelEditor(WhatIfControls):
             pn.Column(pn.pane.Markdown("### Stage cuts (click a gap: pin cut, pin no-cut, free)"), self.cut_row,
                       self.submesh_column, pn.pane.Markdown("### Where the stages run"), self.cluster_pane,
                       sizing_mode="stretch_width"),
-            pn.Column(pn.Row(self.graph_level, self.graph_layer), self.graph_pane, sizing_mode="stretch_width"),
+            pn.Column(self.layer_pane, pn.Row(self.table_layer, self.op_search), self.op_table,
+                      pn.Row(self.graph_level, self.graph_layer), self.graph_pane, sizing_mode="stretch_width"),
             pn.Column(self.tensor_select, self.tensor_pane, self.mesh_pane, pn.Row(self.op_select, self.strategy_select),
                       sizing_mode="stretch_width"),
             pn.Column(self.timeline_pane, sizing_mode="stretch_width"),
@@ -112,6 +119,9 @@ class PanelEditor(WhatIfControls):
         self.upload.param.watch(self._on_upload, "value")
         self.graph_level.param.watch(lambda _: self._draw_graph(), "value")
         self.graph_layer.param.watch(lambda _: self._draw_graph(), "value")
+        self.table_layer.param.watch(lambda _: self._fill_operator_table(), "value")
+        self.op_search.param.watch(lambda _: self._fill_operator_table(), "value")
+        self.layer_pane.param.watch(self._on_layer_click, "click_data")
         self.op_select.param.watch(lambda _: self._fill_strategies(), "value")
         self.strategy_select.param.watch(self._on_strategy, "value")
         self.tensor_select.param.watch(lambda _: self._draw_mesh(), "value")
@@ -195,6 +205,7 @@ class PanelEditor(WhatIfControls):
                                    else vm.costliest_operator(s.graph, list(self._strategies.values())))
             self._fill_strategies()
             if getattr(self, "_drawn", None) != (s.plan, s.measured):  # pin edits leave the plan's figures
+                self._draw_layers()
                 self._draw_graph()
                 try:
                     predicted = s.predicted_timeline()
@@ -268,6 +279,27 @@ class PanelEditor(WhatIfControls):
         if self._syncing or self.op_select.value is None:
             return
         self.session.pin_strategy(self.op_select.value, None if event.new == SOLVER_CHOICE else event.new)
+
+    def _draw_layers(self) -> None:
+        s = self.session
+        self.layer_pane.object = F.layer_bars_figure(layer_bars(s.graph, s.plan))
+        options = {f"L{i}": i for i in range(len(s.plan.layers))}
+        if self.table_layer.options != options:
+            keep = self.table_layer.value
+            self.table_layer.options = options
+            self.table_layer.value = keep if keep in options.values() else 0
+        self._fill_operator_table()
+
+    def _on_layer_click(self, event: Any) -> None:
+        points = (event.new or {}).get("points") or []
+        if points and "customdata" in points[0]:
+            self.table_layer.value = int(points[0]["customdata"])
+
+    def _fill_operator_table(self) -> None:
+        s = self.session
+        layer = self.table_layer.value or 0
+        if layer < len(s.plan.layers):
+            self.op_table.object = operator_table_html(operator_rows(s.graph, s.plan, layer, self.op_search.value))
 
     def _draw_graph(self) -> None:
         s = self.session

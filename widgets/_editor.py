@@ -17,6 +17,7 @@ from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
+from alpaviz.widgets._layer_view import layer_bars, operator_rows, operator_table_html
 from alpaviz.widgets._report import ReportSection, section_html
 from alpaviz.widgets._tensor_picture import tensor_picture
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
@@ -51,6 +52,10 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.graph_level = W.ToggleButtons(options=[("layers", "layer"), ("operators", "op")], value="layer")
         self.graph_layer = W.Dropdown(description="layer", options=[("all", -1)], value=-1)
         self.graph_figure = go.FigureWidget()
+        self.layer_figure = go.FigureWidget()
+        self.table_layer = W.Dropdown(description="operators of", options=[("L0", 0)], value=0)
+        self.op_search = W.Text(placeholder="search: scope, name, primitive or strategy", layout=W.Layout(width="360px"))
+        self.op_table = W.HTML()
         # stage cuts and submeshes
         self.cut_row = W.HBox(layout=W.Layout(flex_flow="row wrap"))
         self.cut_buttons: dict[int, W.Button] = {}
@@ -121,7 +126,8 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.tabs = W.Tab(children=[
             W.VBox([section("Stage cuts (click a gap: pin cut / pin no-cut / free)"), self.cut_row, self.submesh_box,
                     section("Where the stages run"), self.cluster_figure]),
-            W.VBox([W.HBox([self.graph_level, self.graph_layer]), self.graph_figure]),
+            W.VBox([self.layer_figure, W.HBox([self.table_layer, self.op_search]), self.op_table,
+                    W.HBox([self.graph_level, self.graph_layer]), self.graph_figure]),
             W.VBox([W.HBox([self.tensor_select]), self.tensor_figure, self.mesh_picture,
                     W.HBox([self.op_select, self.strategy_select])]),
             W.VBox([self.timeline_figure]),
@@ -152,6 +158,8 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.load_button.on_click(lambda _: s.load(self.path.value))
         self.graph_level.observe(lambda _: self._draw_graph(), "value")
         self.graph_layer.observe(lambda _: self._draw_graph(), "value")
+        self.table_layer.observe(lambda _: self._fill_operator_table(), "value")
+        self.op_search.observe(lambda _: self._fill_operator_table(), "value")
         self.tensor_select.observe(lambda _: self._draw_mesh(), "value")
         self.op_select.observe(lambda _: self._fill_strategies(), "value")
         self.strategy_select.observe(self._on_strategy, "value")
@@ -233,6 +241,7 @@ class PlanEditor(WhatIfControls, W.VBox):
             self.comparison.value = compare.comparison_html(compare.comparison_rows(s.comparison))
             drawn = (s.plan, s.measured)
             if getattr(self, "_drawn", None) != drawn:
+                self._draw_layers()
                 self._draw_graph()
                 self._draw_timeline()
                 _replace_figure(self.cost_figure, F.cost_figure(vm.cost_view(s.plan, s.previous)))
@@ -296,6 +305,28 @@ class PlanEditor(WhatIfControls, W.VBox):
         _replace_figure(self.graph_figure, F.graph_figure(view))
         self._graph_view = view
         self.graph_figure.data[1].on_click(lambda _trace, points, _sel: self.on_graph_click(points.point_inds))
+
+    def _draw_layers(self) -> None:
+        s = self.session
+        _replace_figure(self.layer_figure, F.layer_bars_figure(layer_bars(s.graph, s.plan)))
+        for bars in self.layer_figure.data[:3]:  # the stacked bars: a click lists that layer's operators
+            bars.on_click(lambda tr, points, _sel: self.on_layer_click(points.point_inds))
+        options = [(f"L{i}", i) for i in range(len(s.plan.layers))]
+        if list(self.table_layer.options) != options:
+            keep = self.table_layer.value
+            self.table_layer.options = options
+            self.table_layer.value = keep if keep in dict(options).values() else 0
+        self._fill_operator_table()
+
+    def on_layer_click(self, indices: list[int]) -> None:
+        if indices:
+            self.table_layer.value = int(indices[0])
+
+    def _fill_operator_table(self) -> None:
+        s = self.session
+        layer = self.table_layer.value if self.table_layer.value is not None else 0
+        if layer < len(s.plan.layers):
+            self.op_table.value = operator_table_html(operator_rows(s.graph, s.plan, layer, self.op_search.value))
 
     def on_graph_click(self, indices: list[int]) -> None:
         """Clicking a layer node expands it to its operators; clicking an operator selects it."""

@@ -10,6 +10,7 @@ from plotly.subplots import make_subplots
 
 from alpaviz.widgets._view_model import MEMORY_PARTS, CostView, GraphView, ShardingRow, byte_unit, node_size
 from alpaviz.widgets._cluster_map import ClusterMap
+from alpaviz.widgets._layer_view import LayerBar
 from alpaviz.widgets._tensor_picture import TensorPicture
 from alpaviz.widgets._timeline_view import GanttBar, TimelinePanel, idle_gaps
 
@@ -157,6 +158,33 @@ def mesh_html(row: ShardingRow) -> str:
     caption = (f"{html.escape(row.tensor)} {row.shape} as {row.name} = {html.escape(row.partition_spec)} on mesh "
                f"{row.mesh_shape[0]}x{row.mesh_shape[1]}: block {row.shard_shape}")
     return f'<div><div style="font-size:12px">{caption}</div><table style="border-collapse:collapse">{rows}</table></div>'
+
+
+def layer_bars_figure(bars: Sequence[LayerBar]) -> go.Figure:
+    """One bar per layer, its time per microbatch stacked as compute, communication and resharding, over a
+    band per stage; memory per device as a line on the right axis.  Clicking a bar lists its operators."""
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    x = [f"L{b.layer}" for b in bars]
+    for part, colour in (("compute_s", PALETTE[0]), ("communication_s", PALETTE[1]), ("resharding_s", PALETTE[3])):
+        fig.add_trace(go.Bar(x=x, y=[getattr(b, part) * 1e3 for b in bars], name=part[:-2], marker_color=colour,
+                             customdata=[b.layer for b in bars],
+                             hovertext=[f"layer {b.layer} (stage {b.stage}), {b.operators} operators"
+                                        + (f"<br>{b.note}" if b.note else "") for b in bars],
+                             hovertemplate="%{hovertext}<br>" + part[:-2] + " %{y:.4g} ms<extra></extra>"),
+                      secondary_y=False)
+    largest = max((b.memory_bytes for b in bars), default=0.0)
+    unit, size = byte_unit(max(largest, 1.0))
+    fig.add_trace(go.Scatter(x=x, y=[b.memory_bytes / size for b in bars], name=f"memory ({unit})", mode="lines+markers",
+                             line=dict(color="#333", dash="dot")), secondary_y=True)
+    for stage in sorted({b.stage for b in bars}):
+        members = [i for i, b in enumerate(bars) if b.stage == stage]
+        fig.add_vrect(x0=members[0] - 0.5, x1=members[-1] + 0.5, fillcolor=stage_colour(stage), opacity=0.12,
+                      line_width=0, annotation_text=f"stage {stage}", annotation_position="top left")
+    fig.update_yaxes(title_text="ms per microbatch", secondary_y=False)
+    fig.update_yaxes(title_text=unit, secondary_y=True, showgrid=False)
+    _layout(fig, "layers: time per microbatch by part, stages as bands (click a bar for its operators)", 320)
+    fig.update_layout(barmode="stack", showlegend=True, legend=dict(orientation="h", y=-0.2))
+    return fig
 
 
 def tensor_figure(picture: TensorPicture) -> go.Figure:

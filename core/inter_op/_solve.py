@@ -411,7 +411,14 @@ def assemble_plan(
         status = "heuristic"
     else:
         status = "optimal"
-    layers = tuple(Layer(v.index, v.nodes, v.flops) for v in profiles.layers)
+    priced = {}
+    for choice in solution.stages:
+        column = profiled_mesh(profiles, choice.mesh)
+        for l in range(choice.start, choice.stop):
+            p = profiles.profiles[l][column]
+            priced[l] = (p.compute_s, p.communication_s, p.resharding_s, p.memory.peak)
+    layers = tuple(Layer(v.index, v.nodes, v.flops, *priced.get(v.index, (0.0, 0.0, 0.0, 0.0)))
+                   for v in profiles.layers)
     return Plan(
         model=setup.graph.name, graph_fingerprint=graph_fingerprint(setup.graph), cluster=cluster,
         cost_model=setup.cost_model, layers=layers, stages=tuple(stages),

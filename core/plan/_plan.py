@@ -28,15 +28,22 @@ SolverStatus = Literal["optimal", "time_limited", "pinned", "heuristic"]
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """A group of operators that always land in the same stage."""
+    """A group of operators that always land in the same stage, and what it costs on its stage's mesh
+    (per microbatch: compute, communication and resharding, the parts of the stage's time it adds; its
+    peak memory per device).  Costs are zero where the plan was not priced (a hand-made plan)."""
 
     index: int
     nodes: tuple[str, ...]
     flops: float
+    compute_s: float = 0.0
+    communication_s: float = 0.0
+    resharding_s: float = 0.0
+    memory_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         check_int("layer index", self.index, minimum=0)
-        check_number(f"layer {self.index} flops", self.flops, minimum=0)
+        for field in ("flops", "compute_s", "communication_s", "resharding_s", "memory_bytes"):
+            check_number(f"layer {self.index} {field}", getattr(self, field), minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -445,3 +445,46 @@ def test_the_editor_carries_a_static_snapshot_for_notebooks_exported_to_html():
     snapshot = bundle["text/html"]  # what an HTML export without widget state shows
     assert ">step time<" in snapshot and "a static snapshot" in snapshot
     assert snapshot.count('class="plotly-graph-div"') == 4 and "plotly.min.js" not in snapshot
+
+
+def test_layer_bars_add_up_to_the_stages_and_a_click_lists_a_layers_operators(solved_editor):
+    from alpaviz.widgets._layer_view import layer_bars, operator_rows
+
+    ed = solved_editor
+    ed.reset_button.click()
+    ed.cut_buttons[2].click()
+    ed.resolve_button.click()
+    s = ed.session
+    bars = layer_bars(s.graph, s.plan)
+    assert [b.layer for b in bars] == list(range(len(s.plan.layers)))
+    for stage in s.plan.stages:  # a stage's compute and resharding are its layers' (remat off)
+        mine = [b for b in bars if b.stage == stage.index]
+        assert not stage.remat and sum(b.compute_s for b in mine) == pytest.approx(stage.cost.compute_s)
+        assert sum(b.resharding_s for b in mine) == pytest.approx(stage.cost.resharding_s)
+        assert all(b.total_s > 0 and b.memory_bytes > 0 for b in mine)
+    assert [t.name for t in ed.layer_figure.data[:3]] == ["compute", "communication", "resharding"]
+    ed.on_layer_click([1])
+    assert ed.table_layer.value == 1
+    rows = operator_rows(s.graph, s.plan, 1)
+    assert len(rows) == len(s.plan.layers[1].nodes) and ed.op_table.value.count("<tr>") == min(len(rows), 200) + 1
+    assert [r.time_s for r in rows] == sorted((r.time_s for r in rows), reverse=True)  # costliest first
+    ed.op_search.value = "dot_general"
+    dots = [r for r in rows if "dot_general" in r.primitive]
+    assert dots and ed.op_table.value.count("<tr>") == len(dots) + 1
+    ed.op_search.value = "no operator is called this"
+    assert "no operator matches" in ed.op_table.value
+
+
+def test_panel_layer_bars_click_and_operator_search():
+    import types
+
+    from alpaviz.widgets._app import PanelEditor
+
+    graph = tiny_graph()
+    app = PanelEditor(EditorSession(graph, hand_plan(graph), solver=hand_solver))
+    assert app.layer_pane.object is not None
+    app._on_layer_click(types.SimpleNamespace(new={"points": [{"customdata": 2, "x": "L2"}]}))
+    assert app.table_layer.value == 2
+    assert app.op_table.object.count("<tr>") == min(len(app.session.plan.layers[2].nodes), 200) + 1
+    app.op_search.value = "dot_general"
+    assert 1 < app.op_table.object.count("<tr>") < 40
