@@ -129,8 +129,9 @@ def test_every_tab_draws_its_view_and_the_header_stays_above_the_fold(app_url):
                 page.get_by_role("button", name="Compare").click()
                 page.get_by_text("bubble ms").wait_for(timeout=120_000)
             page.screenshot(path=str(ARTIFACTS / f"browser_tab_{title.split()[0].lower()}.png"))
-    assert len(drawn["Stages"]) == 1 and len(drawn["Graph"]) == 1, drawn  # the cluster map; the operator graph
-    assert drawn["Stages"][0].startswith("where each stage runs") and drawn["Graph"][0].startswith("operator graph")
+    assert len(drawn["Stages"]) == 1 and len(drawn["Graph"]) == 2, drawn  # the cluster map; layer bars and graph
+    assert drawn["Stages"][0].startswith("where each stage runs") and drawn["Graph"][0].startswith("layers: ")
+    assert drawn["Graph"][1].startswith("operator graph")
     assert drawn["Timeline"] == ["pipeline timeline"] and drawn["Cost"][0].startswith("step "), drawn
     assert len(drawn["Sharding"]) == 1 and " on stage " in drawn["Sharding"][0], drawn  # the tensor picture
     assert drawn["Why this plan"] == [], drawn
