@@ -270,7 +270,7 @@ class PanelEditor(WhatIfControls):
             if row is None:
                 self.strategy_select.options, self.strategy_select.value = [SOLVER_CHOICE], SOLVER_CHOICE
                 return
-            self.strategy_select.options = [SOLVER_CHOICE, *self.session.strategy_options(row)]
+            self.strategy_select.options = dict(self.session.strategy_choices(row))
             self.strategy_select.value = row.pinned or SOLVER_CHOICE
         finally:
             self._syncing = syncing

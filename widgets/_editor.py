@@ -372,13 +372,10 @@ class PlanEditor(WhatIfControls, W.VBox):
             if row is None:
                 self.strategy_select.options, self.strategy_select.value = [SOLVER_CHOICE], SOLVER_CHOICE
                 return
-            self.strategy_select.options = [SOLVER_CHOICE, *self._options_for(row)]
+            self.strategy_select.options = self.session.strategy_choices(row, self._strategy_names)
             self.strategy_select.value = row.pinned or SOLVER_CHOICE
         finally:
             self._syncing = syncing
-
-    def _options_for(self, row: vm.StrategyRow) -> tuple[str, ...]:
-        return self.session.strategy_options(row, self._strategy_names)
 
     def _draw_timeline(self) -> None:
         s = self.session

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from typing import Any, Callable, Literal
 
@@ -20,7 +21,11 @@ from alpaviz.core import (
 )
 from alpaviz.core.graph import microbatch_args, split_microbatch
 from alpaviz.core.inter_op import data_parallel, megatron_grid
+from alpaviz.core.intra_op import enumerate_strategies
 from alpaviz.widgets import _edits
+from alpaviz.widgets._view_model import SOLVER_CHOICE, format_seconds
+
+SOLVER_CHOICE_LABEL = "(solver's choice: {})"
 
 Solver = Callable[..., Plan]
 PRESETS: dict[str, Callable[[int], Cluster]] = {
@@ -266,6 +271,33 @@ class EditorSession:
             except Exception:  # an operator the strategy table does not know: offer what the plan has
                 pass
         return tuple(options)
+
+    def strategy_costs(self, row) -> dict[str, tuple[float, float]]:
+        """Each strategy of a `StrategyRow`'s operator on its stage's mesh: (compute, communication) seconds per
+        microbatch under the plan's cost model (resharding to its neighbours comes on top); {} when unknown."""
+        stage = self.plan.stages[row.stage]
+        try:
+            mesh = self.plan.cluster.logical_mesh(stage.submesh, stage.logical_mesh, stage.device_ids[0])
+            found = enumerate_strategies(self.graph, self.graph.node(row.node), mesh, self.plan.cost_model,
+                                         self.plan.cluster.device)
+        except (KeyError, ValueError):
+            return {}
+        return {s.name: (s.compute_s, s.communication_s) for s in found}
+
+    def strategy_choices(self, row, strategy_names=None) -> list[tuple[str, str]]:
+        """(label, value) pairs for the strategy picker: the solver's choice (naming what it chose), then every
+        strategy with its cost, cheapest first."""
+        costs = self.strategy_costs(row)
+        options = self.strategy_options(row, strategy_names)
+        ordered = sorted(options, key=lambda n: sum(costs.get(n, (math.inf, 0.0))))
+        labels = [(SOLVER_CHOICE_LABEL.format(row.strategy), SOLVER_CHOICE)]
+        for name in ordered:
+            if name in costs:
+                compute, comm = costs[name]
+                labels.append((f"{name}: {format_seconds(compute)} compute + {format_seconds(comm)} comm", name))
+            else:
+                labels.append((name, name))
+        return labels
 
     def pin_strategy(self, node: str, strategy: str | None) -> Outcome:
         return self._changed(self._edit(lambda: _edits.pin_strategy(self.pins, node, strategy), f"{node}'s strategy"))

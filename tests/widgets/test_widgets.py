@@ -76,7 +76,7 @@ def _strategy_names(graph, node, mesh):
 def test_strategy_dropdown_pins_a_strategy_and_tensor_picker_draws_the_mesh():
     ed = _editor(strategy_names=_strategy_names)
     node = ed.op_select.value
-    assert "SR = SR x RR" in ed.strategy_select.options
+    assert "SR = SR x RR" in [value for _, value in ed.strategy_select.options]
     assert node is not None and ed.strategy_select.value == SOLVER_CHOICE
     ed.strategy_select.value = "SR = SR x RR"
     assert ed.session.pins.strategy_map == {node: "SR = SR x RR"}
@@ -85,6 +85,26 @@ def test_strategy_dropdown_pins_a_strategy_and_tensor_picker_draws_the_mesh():
     assert ed.session.pins.strategy_map == {}
     ed.tensor_select.value = "stage 0: params.wte"
     assert "params.wte" in ed.mesh_picture.value and "dev 3 [48:64, 0:32]" in ed.mesh_picture.value
+
+
+def test_each_strategy_is_offered_with_its_cost_and_the_solvers_choice_is_named():
+    from alpaviz.core.intra_op import enumerate_strategies
+
+    ed = _editor()
+    s = ed.session
+    row = ed._strategies[ed.op_select.value]
+    labels = list(ed.strategy_select.options)
+    assert labels[0] == (f"(solver's choice: {row.strategy})", SOLVER_CHOICE)
+    stage = s.plan.stages[row.stage]
+    mesh = s.plan.cluster.logical_mesh(stage.submesh, stage.logical_mesh, stage.device_ids[0])
+    priced = {x.name: x for x in enumerate_strategies(s.graph, s.graph.node(row.node), mesh, s.plan.cost_model,
+                                                      s.plan.cluster.device)}
+    costed = [(label, value) for label, value in labels[1:] if value in priced]
+    assert len(costed) == len(priced) > 1
+    totals = [priced[value].cost_s for _, value in costed]
+    assert totals == sorted(totals)  # cheapest first
+    label, value = costed[0]
+    assert label.startswith(f"{value}: ") and " compute + " in label and label.endswith(" comm")
 
 
 def test_graph_level_toggle_expands_one_layer():
@@ -324,7 +344,7 @@ def test_panel_editor_pins_a_strategy_and_expands_a_layer():
     app = PanelEditor(EditorSession(graph, hand_plan(graph), solver=hand_solver))
     node = app.op_select.value
     assert node is not None and app.strategy_select.value == "(solver's choice)"
-    choice = app.strategy_select.options[1]
+    choice = list(app.strategy_select.options.values())[1]
     app.strategy_select.value = choice
     assert app.session.pins.strategy_map == {node: choice}
     app.graph_level.value = "op"
