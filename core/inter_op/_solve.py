@@ -29,7 +29,7 @@ from alpaviz.core.inter_op._stage_dp import (
     pipeline_latency, solve_stages, stage_offsets,
 )
 from alpaviz.core.inter_op._stage_profile import (
-    StageProfileCache, cut_link, mesh_choices, profile_layers, profiled_mesh, stage_cost_table, step_link,
+    StageProfileCache, mesh_choices, profile_layers, profiled_mesh, stage_cost_table, step_link,
 )
 from alpaviz.core.plan import (
     Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, format_bytes, graph_fingerprint,
@@ -117,12 +117,12 @@ def solve(
     )
     profiled_at = time.perf_counter()
     constraints = constraints_from_pins(pins, setup.table.meshes, setup.graph.num_layers, cluster)
-    bar = _bar(progress, "stage DP", None)
+    bar = _bar(progress, "stage DP")
     try:
         solution = solve_stages(
             setup.table, cluster.num_devices, num_microbatches, schedule, setup.memory_limit_bytes,
             constraints, tolerance=tolerance, prefer=_stages_of(previous, setup),
-            on_candidate=(lambda done, total: _tick(bar, done, total)) if bar is not None else None,
+            on_candidate=bar.tick if bar is not None else None,
         )
     except NoStagePlanError:
         raise diagnose(setup, pins, num_microbatches, schedule) from None
@@ -264,11 +264,11 @@ def prepare(
     if profile:
         fn = measured_stage_cost(fn)
         name = f"measured on local devices (shardings from {name})"
-    bar = _bar(progress, "profiling layers", None)
+    bar = _bar(progress, "profiling layers")
     try:
         profiles = profile_layers(
             graph, cluster, cost_model, pins, meshes, fn, cache,
-            on_profile=(lambda done, total: _tick(bar, done, total)) if bar is not None else None,
+            on_profile=bar.tick if bar is not None else None,
             workers=workers,
             num_microbatches=num_microbatches,
         )
@@ -350,10 +350,7 @@ def assemble_plan(
         statuses.update(p.status for _, p in rows)
         fwd = sum(p.forward_s for _, p in rows)
         bwd = sum(p.backward_s for _, p in rows)
-        link_in, link_back = cut_link(cluster, first), cut_link(cluster, first + mesh.num_devices)
-        recv_in = setup.cost_model.send_recv(profiles.forward_cut_bytes[choice.start], link_in) if choice.start else 0.0
-        recv_back = (setup.cost_model.send_recv(profiles.backward_cut_bytes[choice.stop], link_back)
-                     if choice.stop < len(profiles.layers) else 0.0)
+        recv_in, recv_back = setup.table.cut_times(choice, first)
         recvs.append(recv_in + recv_back)
         step_bytes = profiles.step_recv_bytes(choice.start, choice.stop)
         step_recv = setup.cost_model.send_recv(step_bytes, step_link(cluster)) if step_bytes else 0.0
@@ -453,9 +450,5 @@ class _Reporter:
             self.bar.close()
 
 
-def _bar(progress: bool | ProgressFn, desc: str, total: int | None = None) -> _Reporter | None:
+def _bar(progress: bool | ProgressFn, desc: str) -> _Reporter | None:
     return _Reporter(progress, desc) if progress else None
-
-
-def _tick(bar: _Reporter, done: int, total: int) -> None:
-    bar.tick(done, total)

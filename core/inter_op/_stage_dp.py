@@ -121,15 +121,17 @@ class StageCostTable:
         cut_back = zero if self.cut_back_s is None else self.cut_back_s
         return (self.time_s[None, None] + cut_in[:, None, :, None, None] + cut_back[None, :, None, :, None])
 
+    def cut_times(self, stage: "StageChoice", first_device: int) -> tuple[float, float]:
+        """What `stage` placed at `first_device` spends per microbatch receiving across its two cuts: the
+        forward activations at its start and the gradients at its end, each on the link its cut crosses."""
+        after = first_device + self.meshes[stage.mesh].num_devices
+        into = 0.0 if self.cut_in_s is None else float(self.cut_in_s[int(self.at_host_edge(first_device)), stage.start])
+        back = 0.0 if self.cut_back_s is None else float(self.cut_back_s[int(self.at_host_edge(after)), stage.stop])
+        return into, back
+
     def stage_time(self, stage: "StageChoice", first_device: int) -> float:
         """Forward + backward per microbatch of `stage` placed at `first_device`, its cut transfers included."""
-        after = first_device + self.meshes[stage.mesh].num_devices
-        time = float(self.time_s[stage.start, stage.stop, stage.mesh])
-        if self.cut_in_s is not None:
-            time += float(self.cut_in_s[int(self.at_host_edge(first_device)), stage.start])
-        if self.cut_back_s is not None:
-            time += float(self.cut_back_s[int(self.at_host_edge(after)), stage.stop])
-        return time
+        return float(self.time_s[stage.start, stage.stop, stage.mesh]) + sum(self.cut_times(stage, first_device))
 
 
 def stage_offsets(table: StageCostTable, stages: Sequence["StageChoice"]) -> list[int]:
@@ -402,39 +404,33 @@ class _Problem:
 
         The new stage starts at device `devices - d`; that fixes whether it may sit there and the
         links of its two cuts (`cost` has one [k, j, m] slice per pair of links)."""
-        num_layers, devices, table = self.table.num_layers, self.num_devices, self.table
+        num_layers, devices = self.table.num_layers, self.num_devices
         current = np.full((num_layers + 1, devices + 1), np.inf)
         best_j = np.zeros(current.shape, np.int64) if track else None
         best_m = np.zeros(current.shape, np.int64) if track else None
-        used = np.arange(devices + 1)
-        first = devices - used
-        if not track:  # the hot path: each pair of links only over the device counts where it occurs
-            for size, members in self.groups:
-                shifted = np.full_like(previous, np.inf)
-                shifted[:, size:] = previous[:, : devices + 1 - size]
+        for size, members in self.groups:
+            if not self.slots[size]:  # nowhere to start a stage of this size (e.g. larger than the cluster)
+                continue
+            shifted = np.full_like(previous, np.inf)
+            shifted[:, size:] = previous[:, : devices + 1 - size]
+            if not track:  # the hot path: each pair of links only over the device counts where it occurs
                 for (a, b), ds in self.slots[size]:
                     per_range = cost[a, b][:, :, members].min(axis=-1)  # (k, j)
                     best = (per_range[:, :, None] + shifted[None, :, ds]).min(axis=1)  # (k, len(ds))
                     current[:, ds] = np.minimum(current[:, ds], best)
-            return current, None
-        for size, members in self.groups:
-            if size > devices:
                 continue
             group_cost = cost[..., members]  # (in_link, back_link, k, j, members)
-            per_range = group_cost.min(axis=-1)
-            link_in = table.at_host_edge(first).astype(int)
-            link_back = table.at_host_edge(first + size).astype(int)
-            ok = (used >= size) & table.placeable(first, size)
-            per_d = np.where(ok[:, None, None], per_range[link_in, link_back], np.inf)  # (d, k, j)
-            shifted = np.full_like(previous, np.inf)
-            shifted[:, size:] = previous[:, : devices + 1 - size]
+            per_range, which = group_cost.min(axis=-1), group_cost.argmin(axis=-1)
+            per_d = np.full((devices + 1, num_layers + 1, num_layers + 1), np.inf)  # (d, k, j)
+            m_of = np.zeros(per_d.shape, np.int64)
+            for (a, b), ds in self.slots[size]:
+                per_d[ds], m_of[ds] = per_range[a, b], which[a, b]
             total = per_d.transpose(1, 2, 0) + shifted[None, :, :]  # (k, j, d)
             j_best = total.argmin(axis=1)  # (k, d)
             value = np.take_along_axis(total, j_best[:, None, :], axis=1)[:, 0, :]
             better = value < current
             current = np.where(better, value, current)
-            m_of = group_cost.argmin(axis=-1)[link_in, link_back]  # (d, k, j)
-            k_index, d_index = np.arange(num_layers + 1)[:, None], used[None, :]
+            k_index, d_index = np.arange(num_layers + 1)[:, None], np.arange(devices + 1)[None, :]
             m_best = members[m_of[d_index, k_index, j_best]]
             best_j = np.where(better, j_best, best_j)
             best_m = np.where(better, m_best, best_m)

@@ -315,14 +315,6 @@ def _profile_in_processes(graph, cluster, cost_model, cost_fn, items, workers, o
     return results
 
 
-def cut_link(cluster: Cluster, first_device: int) -> Link:
-    """The link a transfer across a cut uses, the cut lying just before global device `first_device`
-    (stages sit in pipeline order): across hosts where the cut falls on a host's edge, else inside one."""
-    if cluster.num_hosts > 1 and first_device % cluster.devices_per_host == 0:
-        return cluster.inter_host
-    return cluster.intra_host
-
-
 def step_link(cluster: Cluster) -> Link:
     """The link once-per-step transfers between stages use (a tied weight's gradient goes from the last
     stage to the first, which sit on different hosts whenever there are several)."""
@@ -371,10 +363,11 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
 
     step_recv = np.zeros((num_layers + 1, num_layers + 1, 1))
     if table.step_bytes.any():
+        link = step_link(cluster)
         for k in range(num_layers):
             for j in range(k + 1, num_layers + 1):
                 nbytes = table.step_recv_bytes(k, j)
-                step_recv[k, j, 0] = cost_model.send_recv(nbytes, step_link(cluster)) if nbytes else 0.0
+                step_recv[k, j, 0] = cost_model.send_recv(nbytes, link) if nbytes else 0.0
     time = grid("forward_s") + grid("backward_s")
     work = np.where(bad > 0, inf, time * np.array([m.num_devices for m in table.meshes])[None, :]).min(axis=1)
     kept = range_sums(time), range_sums(grid("activation_bytes")), range_maxima(grid("temp_bytes"))
