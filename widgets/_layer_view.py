@@ -7,7 +7,7 @@ import dataclasses
 from typing import Sequence
 
 from alpaviz.core import OpGraph, Plan
-from alpaviz.widgets._view_model import format_seconds, split_ways
+from alpaviz.widgets._view_model import format_seconds, operator_time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,19 +67,14 @@ OPERATOR_COLUMNS = ("scope", "operator", "primitive", "strategy", "FLOPs", "byte
 def operator_rows(graph: OpGraph, plan: Plan, layer: int, search: str = "") -> tuple[OperatorRow, ...]:
     """The operators of `layer`, costliest first, those whose scope, name, primitive or strategy contain
     `search` (case-insensitive); a time is the roofline of the share of the work its strategy gives a device."""
-    stage = plan.stage_of_layer(layer) if plan.stages else None
     wanted = search.strip().lower()
     rows = []
     for name in plan.layers[layer].nodes:
         if name not in graph.node_by_name:
             continue
         node = graph.node(name)
-        strategy = plan.strategies.get(name, "")
-        ways = split_ways(strategy, stage.logical_mesh) if strategy and stage is not None else 1
-        nbytes = node.bytes_read + node.bytes_written
-        time = plan.cost_model.op_time(node.primitive, node.flops / ways, nbytes / ways, plan.cluster.device,
-                                       graph.operand_dtype(node))
-        row = OperatorRow(name, node.scope, node.primitive, strategy, node.flops, nbytes, time)
+        row = OperatorRow(name, node.scope, node.primitive, plan.strategies.get(name, ""), node.flops,
+                          node.bytes_read + node.bytes_written, operator_time(graph, plan, name)[0])
         if wanted and not any(wanted in text.lower() for text in (row.scope, row.name, row.primitive, row.strategy)):
             continue
         rows.append(row)

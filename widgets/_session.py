@@ -311,6 +311,13 @@ class EditorSession:
         return self.resolve() if resolve else self._changed(Outcome(True, "options changed"))
 
     # ---- solving ------------------------------------------------------------
+    def _show(self, plan: Plan) -> None:
+        """Make `plan` the shown one; what was measured or compared belongs to the old plan."""
+        self.previous = getattr(self, "plan", None)
+        self.plan = plan
+        self.measured = self.measured_prediction = None
+        self.comparison = ()
+
     def _kept(self) -> str:
         return " (the previous plan is still shown)" if hasattr(self, "plan") else ""
 
@@ -334,10 +341,7 @@ class EditorSession:
             return self._changed(Outcome(False, f"infeasible: {err}{self._kept()}"))
         except Exception as err:  # a solver bug must not take the editor down
             return self._changed(Outcome(False, f"solve failed: {type(err).__name__}: {err}{self._kept()}"))
-        self.previous = getattr(self, "plan", None)
-        self.plan = plan
-        self.measured = self.measured_prediction = None
-        self.comparison = ()  # priced against the old plan; Compare again
+        self._show(plan)
         return self._changed(Outcome(True, f"re-solved in {time.perf_counter() - start:.2f} s"))
 
     def search_microbatches(self) -> Outcome:
@@ -359,7 +363,8 @@ class EditorSession:
                     progress=self._report, **options,
                 )
             count = plan.schedule.num_microbatches
-            graph = trace(self.step_fn, *microbatch_args(global_args, argnums, count))
+            micro_args = microbatch_args(global_args, argnums, count)
+            graph = trace(self.step_fn, *micro_args)
             plan.check_graph(graph)
         except ValueError as err:
             return self._changed(Outcome(False, f"no microbatch count works: {err}{self._kept()}"))
@@ -367,13 +372,11 @@ class EditorSession:
             return self._changed(Outcome(False, f"search failed: {type(err).__name__}: {err}{self._kept()}"))
         import jax
 
-        micro_args = microbatch_args(global_args, argnums, count)
         cut = lambda x: x if isinstance(x, jax.ShapeDtypeStruct) else split_microbatch(x, count, 0)  # noqa: E731
         self.example_args = tuple(jax.tree.map(cut, a) if i in argnums else a for i, a in enumerate(global_args))
         self.graph = graph
         self.whatif = dataclasses.replace(self.whatif, num_microbatches=count)
-        self.previous, self.plan, self.measured, self.comparison = self.plan, plan, None, ()
-        self.measured_prediction = None
+        self._show(plan)
         rows = min(x.shape[0] for i in argnums for x in jax.tree.leaves(micro_args[i]) if x.shape)
         return self._changed(Outcome(True, (
             f"searched the microbatch count in {time.perf_counter() - start:.2f} s: {count} microbatches of "
@@ -488,9 +491,8 @@ class EditorSession:
             validate_plan(plan, self.graph)
         except ValueError as err:
             return self._changed(Outcome(False, f"could not load the plan: {err}"))
-        self.previous, self.plan, self.pins, self.measured = self.plan, plan, plan.pins, None
-        self.measured_prediction = None
-        self.comparison = ()
+        self.pins = plan.pins
+        self._show(plan)
         return self._changed(Outcome(True, "plan loaded"))
 
     def load(self, path: str) -> Outcome:

@@ -65,6 +65,18 @@ def split_ways(strategy: str, logical_mesh: tuple[int, int]) -> int:
     return math.prod(logical_mesh[a] for a in axes)
 
 
+def operator_time(graph: OpGraph, plan: Plan, name: str) -> tuple[float, int]:
+    """An operator's roofline time per device on its stage, and into how many ways its strategy splits the
+    work (a replicated operator does all of it on every device)."""
+    node = graph.node(name)
+    strategy = plan.strategies.get(name)
+    stage = plan.stage_of_layer(node.layer) if plan.stages else None
+    ways = split_ways(strategy, stage.logical_mesh) if strategy and stage is not None else 1
+    seconds = plan.cost_model.op_time(node.primitive, node.flops / ways, (node.bytes_read + node.bytes_written) / ways,
+                                      plan.cluster.device, graph.operand_dtype(node))
+    return seconds, ways
+
+
 def _stage_of_layer(plan: Plan) -> dict[int, int]:
     return {layer: stage.index for stage in plan.stages for layer in stage.layers}
 
@@ -104,10 +116,7 @@ def _op_hover(graph: OpGraph, plan: Plan, name: str) -> str:
         f"{graph.tensor(t).shape}" for t in names if t in graph.tensor_by_name
     )
     strategy = plan.strategies.get(name)
-    stage = plan.stage_of_layer(node.layer) if plan.stages else None
-    ways = split_ways(strategy, stage.logical_mesh) if strategy and stage is not None else 1
-    seconds = plan.cost_model.op_time(node.primitive, node.flops / ways, (node.bytes_read + node.bytes_written) / ways,
-                                      plan.cluster.device, graph.operand_dtype(node))
+    seconds, ways = operator_time(graph, plan, name)
     split = f"split {ways} ways" if ways > 1 else "whole on every device of its stage"
     return (
         f"{name} [{node.primitive}, {node.role}]<br>in: {shapes(node.inputs)}<br>out: {shapes(node.outputs)}"

@@ -72,15 +72,14 @@ def predicted_timeline(plan, graph=None) -> Timeline:
         >>> timeline.bubble_fraction
     """
     n, m = plan.num_stages, plan.schedule.num_microbatches
-    receive = {}
-    run_s = {}
+    receive, run_s = {}, {}
     for stage in plan.stages:
         c = stage.cost
-        receive.update({(stage.index, "forward"): c.recv_forward_s, (stage.index, "backward"): c.recv_backward_s,
-                        (stage.index, "update"): c.recv_update_s})
-        run_s[(stage.index, "forward")] = c.forward_s - c.recv_forward_s
-        run_s[(stage.index, "backward")] = c.backward_s - c.recv_backward_s
-        run_s[(stage.index, "update")] = c.update_s - c.recv_update_s
+        for role, total, received in (("forward", c.forward_s, c.recv_forward_s),
+                                      ("backward", c.backward_s, c.recv_backward_s),
+                                      ("update", c.update_s, c.recv_update_s)):
+            receive[(stage.index, role)] = received
+            run_s[(stage.index, role)] = total - received
     edges: tuple[Edge, ...] = chain_edges(n) if graph is None else analyze(graph, plan).edges
     incoming: dict[tuple[int, str], list[Edge]] = {}
     for e in edges:
