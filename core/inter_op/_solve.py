@@ -366,8 +366,10 @@ def assemble_plan(
             totals[key] += sum(getattr(p, key) for _, p in rows)
         strategies: dict[str, str] = {}
         specs: dict[str, Any] = {}
+        edges: list[tuple[str, str, float]] = []
         for view, p in rows:
             strategies.update(p.named_strategies(view))
+            edges += p.named_resharding(view)
             for t, s in p.named_specs(view):
                 specs.setdefault(t, s)
         stages.append(Stage(
@@ -375,6 +377,7 @@ def assemble_plan(
             device_ids=tuple(range(first, first + mesh.num_devices)), logical_mesh=mesh.logical_shape,
             remat=mesh.remat,
             strategies=tuple(sorted(strategies.items())), partition_specs=tuple(sorted(specs.items())),
+            resharding_edges=tuple(edges),
             cost=StageCost(
                 forward_s=fwd + recv_in, backward_s=bwd + recompute + recv_back,
                 update_s=sum(p.update_s for _, p in rows) + step_recv,

@@ -101,6 +101,7 @@ class LayerProfile:
     memory: MemoryBreakdown
     strategies: tuple[tuple[int, str], ...] = ()
     partition_specs: tuple[tuple[int, Spec], ...] = ()
+    resharding_edges: tuple[tuple[int, int, float], ...] = ()  # (node position, tensor position, seconds)
     status: str = "optimal"
     feasible: bool = True
     reason: str = ""
@@ -138,6 +139,8 @@ class LayerProfile:
             memory=c.memory,
             strategies=tuple((node_pos[n], s) for n, s in plan.strategies if n in node_pos),
             partition_specs=tuple((tensor_pos[t], s) for t, s in plan.partition_specs if t in tensor_pos),
+            resharding_edges=tuple((node_pos[n], tensor_pos[t], sec) for n, t, sec in plan.resharding_edges
+                                   if n in node_pos and t in tensor_pos),
             status=plan.status,
         )
 
@@ -146,6 +149,9 @@ class LayerProfile:
 
     def named_specs(self, view: LayerView) -> tuple[tuple[str, Spec], ...]:
         return tuple((view.tensors[i], s) for i, s in self.partition_specs)
+
+    def named_resharding(self, view: LayerView) -> tuple[tuple[str, str, float], ...]:
+        return tuple((view.nodes[n], view.tensors[t], sec) for n, t, sec in self.resharding_edges)
 
 
 class StageProfileCache:

@@ -371,6 +371,7 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
     specs: dict[str, Spec] = {}
     by_role = {"forward": 0.0, "backward": 0.0, "update": 0.0}
     compute = comm = resharding = 0.0
+    edges: list[tuple[str, str, float]] = []
 
     def spec_of(t: str) -> Spec:
         return simp.tensor_specs[t][choice[simp.group_of_tensor[t]]]
@@ -391,7 +392,10 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
             if t in simp.group_of_tensor:
                 specs.setdefault(t, spec_of(t))
             if not simp.is_free(graph, t):
-                moved += reshard(t, spec_of(t), strategy.in_specs[i])
+                seconds = reshard(t, spec_of(t), strategy.in_specs[i])
+                if seconds > 0:
+                    edges.append((name, raw, seconds))
+                moved += seconds
         for out in node.outputs:
             specs[out] = spec_of(out)
         compute += strategy.compute_s
@@ -426,6 +430,7 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
         seconds=seconds,
         num_variables=result.num_variables,
         notes=notes,
+        resharding_edges=tuple(edges),
     )
 
 

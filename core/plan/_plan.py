@@ -96,6 +96,8 @@ class Stage:
     cost: StageCost
     # Recompute the forward inside the backward: only the stage's inputs stay per microbatch in flight.
     remat: bool = False
+    # (operator, operand tensor, seconds per microbatch): where the ILP's resharding time is spent
+    resharding_edges: tuple[tuple[str, str, float], ...] = ()
 
     def __post_init__(self) -> None:
         check_int("stage index", self.index, minimum=0)

@@ -46,6 +46,8 @@ class ShardingPlan:
     seconds: float
     num_variables: int = 0
     notes: tuple[str, ...] = ()
+    # (operator, operand tensor, seconds per microbatch) for each operand the operator's strategy reshards
+    resharding_edges: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def strategy_map(self) -> Mapping[str, str]:

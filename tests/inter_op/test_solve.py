@@ -263,6 +263,25 @@ def test_an_intra_op_pin_reaches_its_stage_and_reprofiles_only_its_layer(gpt4):
     assert pinned.predicted.step_time_s >= plan.predicted.step_time_s * (1 - 1e-9)
 
 
+def test_each_stage_says_which_operand_of_which_operator_its_resharding_time_is_spent_on(gpt4):
+    from alpaviz.core.intra_op._solve_sharding import strategy_names
+
+    cluster = av.Cluster.a100_node(1, 2)
+    pins = av.Pins(num_stages=1).with_submesh(0, (1, 2), (1, 2))
+    node = next(n for n in gpt4.nodes if n.layer == 1 and n.role == "forward" and n.primitive == "dot_general")
+    names = strategy_names(gpt4, node.name, cluster.logical_mesh((1, 2), (1, 2)))
+    plans = [solve(gpt4, cluster=cluster, pins=pins.with_strategy(node.name, name), progress=False)
+             for name in names[:4]]
+    reshards = [p for p in plans if p.stages[0].cost.resharding_s > 0]
+    assert reshards, "some pinned strategy of a dot needs its operands resharded"
+    for plan in plans:
+        stage = plan.stages[0]
+        assert sum(s for _, _, s in stage.resharding_edges) == pytest.approx(stage.cost.resharding_s)
+        for op, tensor, seconds in stage.resharding_edges:
+            assert seconds > 0 and tensor in gpt4.node(op).inputs
+    assert av.Plan.from_json(reshards[0].to_json()).stages[0].resharding_edges == reshards[0].stages[0].resharding_edges
+
+
 @pytest.mark.slow
 def test_profiling_in_worker_processes_gives_the_same_plan(gpt4):
     cluster = av.Cluster.a100_node(2, 4)
