@@ -19,13 +19,14 @@ from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._layer_view import layer_bars, operator_rows, operator_table_html
+from alpaviz.widgets._pickers import OperatorPicker
 from alpaviz.widgets._tensor_picture import tensor_picture
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
 
 SOLVER_CHOICE, TAB_TITLES = vm.SOLVER_CHOICE, vm.TAB_TITLES
 
 
-class PanelEditor(WhatIfControls):
+class PanelEditor(WhatIfControls, OperatorPicker):
     """Panel widgets wired to an `EditorSession`; `.layout` is the servable page."""
 
     def __init__(self, session: EditorSession) -> None:
@@ -44,7 +45,9 @@ class PanelEditor(WhatIfControls):
         self.op_search = pn.widgets.TextInput(name="search", placeholder="scope, name, primitive or strategy",
                                               width=320)
         self.op_table = pn.pane.HTML(sizing_mode="stretch_width")
-        self.op_select = pn.widgets.Select(name="operator", width=420)
+        self.op_select = pn.widgets.AutocompleteInput(
+            name="operator (type to search: scope in your code, primitive or name)", search_strategy="includes",
+            case_sensitive=False, min_characters=1, restrict=True, width=420)
         self.strategy_select = pn.widgets.Select(name="strategy", width=420)
         self.tensor_select = pn.widgets.AutocompleteInput(
             name="tensor (type to search any tensor)", search_strategy="includes", case_sensitive=False,
@@ -199,10 +202,7 @@ class PanelEditor(WhatIfControls):
             self.tensor_select.value = keep if keep in rows else self._first_tensor_key()
             self._draw_mesh()
             self._strategies = {r.node: r for r in vm.strategy_rows(s.graph, s.plan, s.pins)}
-            keep = self.op_select.value
-            self.op_select.options = {f"{n} (stage {r.stage})": n for n, r in self._strategies.items()}
-            self.op_select.value = (keep if keep in self._strategies
-                                   else vm.costliest_operator(s.graph, list(self._strategies.values())))
+            self._offer_operators(s.graph, list(self._strategies.values()))
             self._fill_strategies()
             if getattr(self, "_drawn", None) != (s.plan, s.measured):  # pin edits leave the plan's figures
                 self._draw_layers()
@@ -212,7 +212,8 @@ class PanelEditor(WhatIfControls):
                 except Exception:  # a simulator failure must not hide the rest of the page
                     predicted = None
                 self._bubble = None if predicted is None else predicted.bubble_fraction
-                self.timeline_pane.object = F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured, s.measured_prediction))
+                figure = F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured, s.measured_prediction))
+                self.timeline_pane.object, self.timeline_pane.height = figure, figure.layout.height
                 self.cost_pane.object = F.cost_figure(vm.cost_view(s.plan, s.previous))
                 self.cluster_pane.object = F.cluster_map_figure(cmap.cluster_map(s.graph, s.plan))
                 self.diff_pane.object = ("" if s.previous is None
@@ -263,8 +264,9 @@ class PanelEditor(WhatIfControls):
             rows.append(pn.Row(select, remat, pn.pane.HTML(html.escape(band.label))))
         self.submesh_column.objects = rows
 
+
     def _fill_strategies(self) -> None:
-        row = getattr(self, "_strategies", {}).get(self.op_select.value)
+        row = getattr(self, "_strategies", {}).get(self.selected_operator)
         syncing, self._syncing = self._syncing, True
         try:
             if row is None:
@@ -276,9 +278,9 @@ class PanelEditor(WhatIfControls):
             self._syncing = syncing
 
     def _on_strategy(self, event: Any) -> None:
-        if self._syncing or self.op_select.value is None:
+        if self._syncing or self.selected_operator is None:
             return
-        self.session.pin_strategy(self.op_select.value, None if event.new == SOLVER_CHOICE else event.new)
+        self.session.pin_strategy(self.selected_operator, None if event.new == SOLVER_CHOICE else event.new)
 
     def _draw_layers(self) -> None:
         s = self.session

@@ -18,6 +18,7 @@ from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._layer_view import layer_bars, operator_rows, operator_table_html
+from alpaviz.widgets._pickers import OperatorPicker
 from alpaviz.widgets._report import ReportSection, section_html
 from alpaviz.widgets._tensor_picture import tensor_picture
 from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
@@ -32,7 +33,7 @@ def _replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
         widget.layout = fig.layout
 
 
-class PlanEditor(WhatIfControls, W.VBox):
+class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
     """Operator graph, stage cuts, sharding, pipeline timeline and cost of a plan, with pins.
 
     Example:
@@ -66,7 +67,8 @@ class PlanEditor(WhatIfControls, W.VBox):
                                         layout=W.Layout(width="480px"))
         self.tensor_figure = go.FigureWidget()
         self.mesh_picture = W.HTML()
-        self.op_select = W.Dropdown(description="operator", layout=W.Layout(width="480px"))
+        self.op_select = W.Combobox(description="operator", ensure_option=True, layout=W.Layout(width="480px"),
+                                    placeholder="type to search: scope in your code, primitive or name")
         self.strategy_select = W.Dropdown(description="strategy", layout=W.Layout(width="480px"))
         # timeline and cost
         self.timeline_figure = go.FigureWidget()
@@ -206,10 +208,10 @@ class PlanEditor(WhatIfControls, W.VBox):
             self.session.pin_submesh(stage, change["new"])
 
     def _on_strategy(self, change: dict[str, Any]) -> None:
-        if self._syncing or self.op_select.value is None:
+        if self._syncing or self.selected_operator is None:
             return
         value = change["new"]
-        self.session.pin_strategy(self.op_select.value, None if value == SOLVER_CHOICE else value)
+        self.session.pin_strategy(self.selected_operator, None if value == SOLVER_CHOICE else value)
 
     def _on_whatif(self, change: dict[str, Any]) -> None:
         if not self._syncing:
@@ -337,7 +339,7 @@ class PlanEditor(WhatIfControls, W.VBox):
             self.graph_layer.value = int(node.key.removeprefix("layer"))
             self.graph_level.value = "op"
         elif node.key in self._strategies:
-            self.op_select.value = node.key
+            self.select_operator(node.key)
 
     def _fill_sharding(self) -> None:
         s = self.session
@@ -347,11 +349,9 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.tensor_select.value = keep if keep in self._rows else self._first_tensor_key()
         self._draw_mesh()
         self._strategies = {r.node: r for r in vm.strategy_rows(s.graph, s.plan, s.pins)}
-        keep = self.op_select.value
-        self.op_select.options = [(f"{n} (stage {r.stage})", n) for n, r in self._strategies.items()]
-        self.op_select.value = (keep if keep in self._strategies
-                                   else vm.costliest_operator(s.graph, list(self._strategies.values())))
+        self._offer_operators(s.graph, list(self._strategies.values()))
         self._fill_strategies()
+
 
     def _first_tensor_key(self) -> str:
         first = vm.first_tensor(list(self._rows.values()))
@@ -366,7 +366,7 @@ class PlanEditor(WhatIfControls, W.VBox):
         self.mesh_picture.value = F.mesh_html(row) if row is not None and row.blocks else "<i>no sharding</i>"
 
     def _fill_strategies(self) -> None:
-        row = self._strategies.get(self.op_select.value) if hasattr(self, "_strategies") else None
+        row = self._strategies.get(self.selected_operator) if hasattr(self, "_strategies") else None
         syncing, self._syncing = self._syncing, True
         try:
             if row is None:

@@ -99,8 +99,10 @@ def gantt_figure(*panels: TimelinePanel) -> go.Figure:
             fig.add_trace(trace, row=1, col=col)
         fig.update_xaxes(title_text=f"ms on {panel.hardware}" if panel.hardware else "ms", row=1, col=col)
     fig.update_yaxes(categoryorder="array", categoryarray=lanes, autorange="reversed")
-    _layout(fig, "pipeline timeline", 200 + 28 * len(lanes))
-    fig.update_layout(barmode="overlay", showlegend=True, margin=dict(l=40, r=10, t=80, b=40))
+    _layout(fig, "pipeline timeline", 250 + 28 * len(lanes))
+    # room above the plots for the title and each panel's three-line heading
+    fig.update_layout(barmode="overlay", showlegend=True, margin=dict(l=40, r=10, t=150, b=40),
+                      title=dict(y=0.98, yanchor="top"))
     return fig
 
 

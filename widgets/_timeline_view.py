@@ -130,7 +130,7 @@ def timeline_panels(plan: Plan, predicted: Timeline | None, measured: Timeline |
     if predicted is not None and predicted.events:
         step = plan.predicted.step_time_s
         if abs(predicted.total_s - step) > 0.01 * step:
-            note = (f"the plan's step time, {step * 1e3:.4g} ms, is the stage DP's estimate: "
+            note = (f"the plan's step time, {step * 1e3:.4g} ms, is the stage DP's estimate:<br>"
                     f"it adds the stages' once-per-step updates in series, the schedule overlaps them")
     ratio_note = ""
     basis = measured_prediction if measured_prediction is not None else predicted
@@ -139,6 +139,6 @@ def timeline_panels(plan: Plan, predicted: Timeline | None, measured: Timeline |
         if ratios:
             which = (f"predicted for {measured_prediction.hardware} ({measured_prediction.total_s * 1e3:.4g} ms)"
                      if measured_prediction is not None else "predicted")
-            ratio_note = f"measured / {which} per stage: " + ", ".join(f"{s}: {r:.3g}x" for s, r in ratios)
+            ratio_note = f"measured / {which}<br>per stage: " + ", ".join(f"{s}: {r:.3g}x" for s, r in ratios)
     return (timeline_panel(predicted, "predicted", note, "not available"),
             timeline_panel(measured, "measured", ratio_note, "press Launch"))

@@ -58,6 +58,28 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
+_TRANSFORM = re.compile(r"^(?:jvp|transpose|vmap|jit|pjit|remat|checkpoint|custom_jvp|custom_vjp)\((.*)\)$")
+
+
+def user_scope(node) -> str:
+    """Where an operator comes from in the user's code: its module path with JAX's transforms taken off
+    (`jvp(LinenLM)/_Block_0/Dense_0` -> `LinenLM/_Block_0/Dense_0`), or, for plain functions whose name
+    stack holds only transforms, the function and line that made it (`attention (_gpt.py:83)`)."""
+    parts = []
+    for segment in node.scope.split("/"):
+        while (found := _TRANSFORM.match(segment)) is not None:
+            segment = found.group(1)
+        if segment:
+            parts.append(segment)
+    if parts:
+        return "/".join(parts)
+    where = re.match(r"^(.*?):(\d+)(?::\d+)? \((.*)\)$", node.source)
+    if where is None:
+        return node.source
+    path, line, function = where.groups()
+    return f"{function} ({path.rsplit('/', 1)[-1]}:{line})"
+
+
 def split_ways(strategy: str, logical_mesh: tuple[int, int]) -> int:
     """Into how many parts a strategy in Alpa's notation splits an operator's work: the product of the mesh
     axes its `S` dims name (`S0R` on a 4x2 mesh: 4; `S01` or `S0S1`: 8; `RR`: 1, every device does it all)."""
@@ -369,6 +391,16 @@ def costliest_operator(graph: OpGraph, rows: Sequence[StrategyRow]) -> str | Non
     """The operator the sharding view opens on: the one with the most FLOPs."""
     known = [r.node for r in rows if r.node in graph.node_by_name]
     return max(known, key=lambda n: graph.node(n).flops, default=None)
+
+
+def operator_labels(graph: OpGraph, rows: Sequence[StrategyRow]) -> dict[str, str]:
+    """Label -> operator for the pin picker, searchable by where it comes from in the user's code, its
+    primitive or its name: `LinenLM/_Block_0/Dense_0 · dot_general · n97 (stage 1)`."""
+    labels = {}
+    for r in rows:
+        scope = user_scope(graph.node(r.node)) if r.node in graph.node_by_name else ""
+        labels[" · ".join(p for p in (scope, r.primitive, r.node) if p) + f" (stage {r.stage})"] = r.node
+    return labels
 
 
 # ---- cost panel -----------------------------------------------------------

@@ -76,18 +76,34 @@ def _cuts(text: str) -> set[int]:
 
 @contextlib.contextmanager
 def _app_page(url: str, width: int, height: int):
-    """The app open in Chromium at `width` x `height`, once its first plan is shown."""
+    """The app open in Chromium at `width` x `height`, once its first plan is shown; on leaving, no error may
+    have reached the browser's console or escaped the page's scripts."""
     from playwright.sync_api import sync_playwright
 
+    errors: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=BROWSER_ARGS)
         try:
             page = browser.new_page(viewport={"width": width, "height": height})
+            page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
             page.goto(url, timeout=120_000)
             page.get_by_text("cuts at layers").wait_for(timeout=120_000)
             yield page
         finally:
             browser.close()
+    assert not errors, errors
+
+
+def _tab(page, title: str) -> None:
+    page.locator(".bk-tab").filter(has_text=re.compile(rf"^{title}$")).click()
+    page.wait_for_timeout(500)
+
+
+def _submeshes(text: str) -> list[str]:
+    match = re.search(r"\(submeshes ([^)]*)\)", text)
+    assert match, f"no submeshes in {text!r}"
+    return match.group(1).split("; ")
 
 
 def test_pin_a_cut_in_the_browser_and_resolve(app_url):
@@ -118,8 +134,7 @@ def test_every_tab_draws_its_view_and_the_header_stays_above_the_fold(app_url):
         page.get_by_text(re.compile(r"^[\d.]+ TFLOP/s$")).first.wait_for(timeout=10_000)
         drawn = {}
         for title in ("Stages", "Graph", "Sharding", "Timeline", "Cost", "Why this plan"):
-            page.locator(".bk-tab").filter(has_text=re.compile(rf"^{title}$")).click()
-            page.wait_for_timeout(500)
+            _tab(page, title)
             plots = page.locator(".js-plotly-plot")
             drawn[title] = [plots.nth(i).locator(".gtitle").first.text_content() or ""
                             for i in range(plots.count()) if plots.nth(i).is_visible()]
@@ -135,3 +150,56 @@ def test_every_tab_draws_its_view_and_the_header_stays_above_the_fold(app_url):
     assert drawn["Timeline"] == ["pipeline timeline"] and drawn["Cost"][0].startswith("step "), drawn
     assert len(drawn["Sharding"]) == 1 and " on stage " in drawn["Sharding"][0], drawn  # the tensor picture
     assert drawn["Why this plan"] == [], drawn
+
+
+def test_pin_a_submesh_and_a_strategy_run_a_whatif_and_launch_and_each_changes_the_views(app_url):
+    with _app_page(app_url, 1400, 900) as page:
+        headline = page.get_by_text("cuts at layers")
+        # a submesh: pick one for stage 0 other than the solver's, re-solve, read it back
+        first = _submeshes(headline.inner_text())[0]
+        select = page.get_by_label("stage 0 submesh")
+        labels = select.evaluate("e => Array.from(e.options).map(o => o.text)")
+        wanted = next(label for label in labels[1:] if not label.startswith(f"{first} "))
+        select.select_option(wanted)
+        page.get_by_text(re.compile(r"^pinned stage 0's submesh")).wait_for(timeout=30_000)
+        page.get_by_role("button", name="Re-solve").click()
+        page.get_by_text(re.compile(r"^re-solved in")).wait_for(timeout=60_000)
+        submeshes = _submeshes(headline.inner_text())
+        assert submeshes[0] == wanted.split(" as ")[0]
+        # a strategy: find a matmul of a stage of several devices by its line in the model code, pin another
+        # strategy, re-solve
+        stage = next(i for i, mesh in enumerate(submeshes) if mesh != "1x1")
+        _tab(page, "Sharding")
+        box = page.get_by_role("textbox", name=re.compile(r"^operator \(type"))
+        box.fill("")
+        box.press_sequentially("attention", delay=20)
+        item = page.get_by_text(re.compile(rf"^attention .* · dot_general · n\d+_dot_general \(stage {stage}\)$")).first
+        label = item.text_content()
+        item.click()
+        page.wait_for_timeout(500)
+        assert box.input_value() == label
+        node = re.search(r"(n\d+_dot_general)", label).group(1)
+        strategy = page.get_by_label("strategy")
+        options = strategy.evaluate("e => Array.from(e.options).map(o => [o.text, o.value])")
+        assert options[0][0].startswith("(solver's choice: ")
+        chosen = next(text.split(": ")[0] for text, _ in options[1:] if not options[0][0].endswith(f" {text.split(': ')[0]})"))
+        strategy.select_option(label=next(text for text, _ in options if text.startswith(chosen + ": ")))
+        page.get_by_text(re.compile(rf"^pinned {node}'s strategy")).wait_for(timeout=30_000)
+        page.get_by_role("button", name="Re-solve").click()
+        page.get_by_text(re.compile(r"^re-solved in")).wait_for(timeout=60_000)
+        assert strategy.evaluate("e => e.options[0].text") == f"(solver's choice: {chosen})"  # the plan has it
+        _tab(page, "Why this plan")
+        page.get_by_text("operator strategies").wait_for(timeout=10_000)
+        # a what-if: twice the microbatches re-solves at once
+        microbatches = page.get_by_label("microbatches")
+        count = int(microbatches.input_value())
+        microbatches.fill(str(2 * count))
+        microbatches.press("Enter")
+        page.get_by_text(re.compile(rf"^\w+ x {2 * count}$")).wait_for(timeout=60_000)  # the diff's schedule row
+        # Launch: the timeline gains the measured run
+        page.get_by_role("button", name="Launch").click()
+        page.get_by_text(re.compile(r"^launched \d+ steps")).wait_for(timeout=240_000)
+        _tab(page, "Timeline")
+        page.get_by_text(re.compile(r"^measured on this machine")).wait_for(timeout=10_000)
+        page.wait_for_timeout(1000)
+        page.screenshot(path=str(ARTIFACTS / "browser_after_launch.png"))

@@ -320,7 +320,7 @@ def test_the_timeline_panels_name_their_hardware_and_relate_to_the_plan():
                                                 for e in predicted.events))
     left, right = tv.timeline_panels(plan, predicted, measured)
     assert left.hardware == plan.cluster.name and right.hardware.startswith("this machine")
-    assert "measured / predicted per stage: 0: 3x, 1: 3x" in right.title
+    assert "measured / predicted<br>per stage: 0: 3x, 1: 3x" in right.title
     if abs(predicted.total_s - plan.predicted.step_time_s) > 0.01 * plan.predicted.step_time_s:
         assert "the plan's step time" in left.title
     else:
@@ -408,3 +408,27 @@ def test_an_operators_hover_time_follows_its_strategy():
         assert ("(whole on every device of its stage)" if ways == 1 else f"(split {ways} ways)") in shown.hover
         seen.add(shown.key)
     assert len(seen) > 20
+
+
+def test_the_operator_table_says_where_the_ilps_resharding_time_goes_in_and_out():
+    from alpaviz.core.intra_op import strategy_names
+    from alpaviz.widgets._layer_view import OPERATOR_COLUMNS, operator_rows
+
+    graph = tiny_graph()
+    cluster = av.Cluster.a100_node(1, 2)
+    pins = av.Pins(num_stages=1).with_submesh(0, (1, 2), (1, 2))
+    node = next(n for n in graph.nodes if n.layer == 1 and n.role == "forward" and n.primitive == "dot_general")
+    for name in strategy_names(graph, node.name, cluster.logical_mesh((1, 2), (1, 2))):
+        plan = av.solve(graph, cluster=cluster, pins=pins.with_strategy(node.name, name), progress=False)
+        if plan.stages[0].cost.resharding_s > 0:
+            break
+    else:
+        pytest.fail("no pinned strategy of the dot needs a resharding")
+    rows = [r for layer in range(len(plan.layers)) for r in operator_rows(graph, plan, layer)]
+    producers = {t for n in graph.nodes for t in n.outputs}
+    read_from_inputs = sum(s for _, t, s in plan.stages[0].resharding_edges if t not in producers)
+    assert sum(r.reshard_in_s for r in rows) == pytest.approx(plan.stages[0].cost.resharding_s)
+    assert sum(r.reshard_out_s for r in rows) == pytest.approx(plan.stages[0].cost.resharding_s - read_from_inputs)
+    moved = next(r for r in rows if r.reshard_in_s > 0)
+    cells = dict(zip(OPERATOR_COLUMNS, moved.cells))
+    assert cells["reshard in"] == vm.format_seconds(moved.reshard_in_s) and "jvp" not in cells["scope"]

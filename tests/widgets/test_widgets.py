@@ -75,12 +75,12 @@ def _strategy_names(graph, node, mesh):
 
 def test_strategy_dropdown_pins_a_strategy_and_tensor_picker_draws_the_mesh():
     ed = _editor(strategy_names=_strategy_names)
-    node = ed.op_select.value
+    node = ed.selected_operator
     assert "SR = SR x RR" in [value for _, value in ed.strategy_select.options]
     assert node is not None and ed.strategy_select.value == SOLVER_CHOICE
     ed.strategy_select.value = "SR = SR x RR"
     assert ed.session.pins.strategy_map == {node: "SR = SR x RR"}
-    assert ed.strategy_select.value == "SR = SR x RR" and ed.op_select.value == node
+    assert ed.strategy_select.value == "SR = SR x RR" and ed.selected_operator == node
     ed.strategy_select.value = SOLVER_CHOICE
     assert ed.session.pins.strategy_map == {}
     ed.tensor_select.value = "stage 0: params.wte"
@@ -92,7 +92,7 @@ def test_each_strategy_is_offered_with_its_cost_and_the_solvers_choice_is_named(
 
     ed = _editor()
     s = ed.session
-    row = ed._strategies[ed.op_select.value]
+    row = ed._strategies[ed.selected_operator]
     labels = list(ed.strategy_select.options)
     assert labels[0] == (f"(solver's choice: {row.strategy})", SOLVER_CHOICE)
     stage = s.plan.stages[row.stage]
@@ -105,6 +105,31 @@ def test_each_strategy_is_offered_with_its_cost_and_the_solvers_choice_is_named(
     assert totals == sorted(totals)  # cheapest first
     label, value = costed[0]
     assert label.startswith(f"{value}: ") and " compute + " in label and label.endswith(" comm")
+
+
+@pytest.mark.parametrize("front_end", ["ipywidgets", "panel"])
+def test_the_operator_to_pin_is_found_by_typing_where_it_comes_from_in_the_users_code(front_end):
+    from alpaviz.widgets._app import PanelEditor
+    from alpaviz.widgets._view_model import user_scope
+
+    graph = tiny_graph()
+    session = EditorSession(graph, hand_plan(graph), solver=hand_solver)
+    ed = PlanEditor(session) if front_end == "ipywidgets" else PanelEditor(session)
+    labels = list(ed.op_select.options)
+    assert len(labels) == len(ed._strategies) > 50  # every operator with a strategy, by a label
+    target = next(n for n in graph.nodes if n.primitive == "dot_general" and n.role == "backward" and n.layer == 2)
+    scope = user_scope(target)
+    assert scope and "jvp" not in scope and "(" in scope  # plain functions: the function and line that made it
+    matches = [text for text in labels if scope.lower() in text.lower() and target.name in text]
+    assert len(matches) == 1 and matches[0].startswith(scope)
+    ed.op_select.value = matches[0][:-3]  # half typed: not yet an operator, nothing is pinned
+    assert ed.selected_operator is None and session.pins.strategy_map == {}
+    ed.op_select.value = matches[0]
+    assert ed.selected_operator == target.name
+    choice = next(v for _, v in (ed.strategy_select.options if front_end == "ipywidgets"
+                                 else ed.strategy_select.options.items()) if v != SOLVER_CHOICE)
+    ed.strategy_select.value = choice
+    assert session.pins.strategy_map == {target.name: choice}
 
 
 def test_graph_level_toggle_expands_one_layer():
@@ -123,7 +148,7 @@ def test_clicking_a_layer_node_expands_it_and_an_operator_selects_it():
     keys = list(ed.graph_figure.data[1].customdata)
     dot = next(i for i, k in enumerate(keys) if k in ed._strategies)
     ed.on_graph_click([dot])
-    assert ed.op_select.value == keys[dot]
+    assert ed.selected_operator == keys[dot] and f"{keys[dot]} (stage " in ed.op_select.value
 
 
 def test_whatif_controls_replan():
@@ -342,7 +367,7 @@ def test_panel_editor_pins_a_strategy_and_expands_a_layer():
 
     graph = tiny_graph()
     app = PanelEditor(EditorSession(graph, hand_plan(graph), solver=hand_solver))
-    node = app.op_select.value
+    node = app.selected_operator
     assert node is not None and app.strategy_select.value == "(solver's choice)"
     choice = list(app.strategy_select.options.values())[1]
     app.strategy_select.value = choice
