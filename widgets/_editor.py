@@ -101,6 +101,7 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
                                            max=1e5, description="inter GB/s")
         self._wire()
         super().__init__(self._layout())
+        self.tabs.observe(lambda change: self._draw_tab(change["new"]), "selected_index")
         session.on_change(self.refresh)
         session.on_activity(self._on_activity)
         session.on_progress(self._on_progress)
@@ -243,17 +244,32 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
             self.comparison.value = compare.comparison_html(compare.comparison_rows(s.comparison))
             drawn = (s.plan, s.measured)
             if getattr(self, "_drawn", None) != drawn:
-                self._draw_layers()
-                self._draw_graph()
-                self._draw_timeline()
-                _replace_figure(self.cost_figure, F.cost_figure(vm.cost_view(s.plan, s.previous)))
-                _replace_figure(self.cluster_figure, F.cluster_map_figure(cmap.cluster_map(s.graph, s.plan)))
-                self.diff.value = ("" if s.previous is None
-                                   else compare.plan_diff_html(compare.plan_diff(s.previous, s.plan)))
+                self._predict()
+                self._stale = set(self._tab_drawers)  # each tab's figures are drawn when it is shown
                 self._drawn = drawn
+            self._draw_tab(self.tabs.selected_index or 0)
             self.summary.value = vm.header_html(vm.header_items(s.graph, s.plan, getattr(self, "_bubble", None)))
         finally:
             self._syncing = False
+
+    @property
+    def _tab_drawers(self) -> dict[int, Callable[[], None]]:
+        """The figures behind each tab (by TAB_TITLES index), the plan's dearest views."""
+        s = self.session
+        return {
+            0: lambda: _replace_figure(self.cluster_figure, F.cluster_map_figure(cmap.cluster_map(s.graph, s.plan))),
+            1: lambda: (self._draw_layers(), self._draw_graph()),
+            3: self._draw_timeline,
+            4: lambda: _replace_figure(self.cost_figure, F.cost_figure(vm.cost_view(s.plan, s.previous))),
+            5: lambda: setattr(self.diff, "value", "" if s.previous is None
+                               else compare.plan_diff_html(compare.plan_diff(s.previous, s.plan))),
+        }
+
+    def _draw_tab(self, index: int) -> None:
+        """Draw tab `index` if the plan changed since it was last drawn (a re-solve redraws what is seen)."""
+        if index in getattr(self, "_stale", set()):
+            self._stale.discard(index)
+            self._tab_drawers[index]()
 
     def _draw_cuts(self) -> None:
         plan, pins = self.session.plan, self.session.pins
@@ -377,14 +393,18 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
         finally:
             self._syncing = syncing
 
+    def _predict(self) -> None:
+        """The plan's simulated timeline: the header's bubble, and the Timeline tab."""
+        try:
+            self._predicted = self.session.predicted_timeline()
+        except Exception:  # a simulator failure must not hide the rest of the editor
+            self._predicted = None
+        self._bubble = None if self._predicted is None else self._predicted.bubble_fraction
+
     def _draw_timeline(self) -> None:
         s = self.session
-        try:
-            predicted = s.predicted_timeline()
-        except Exception:  # a simulator failure must not hide the rest of the editor
-            predicted = None
-        self._bubble = None if predicted is None else predicted.bubble_fraction
-        _replace_figure(self.timeline_figure, F.gantt_figure(*tv.timeline_panels(s.plan, predicted, s.measured, s.measured_prediction)))
+        panels = tv.timeline_panels(s.plan, self._predicted, s.measured, s.measured_prediction)
+        _replace_figure(self.timeline_figure, F.gantt_figure(*panels))
 
 
 def trace_path(plan_path: str) -> str:

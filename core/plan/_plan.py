@@ -8,8 +8,10 @@ fingerprint of that graph so a plan is never applied to another model.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import types
 from typing import Literal, Mapping
 
 from alpaviz.core.cost import Cluster, CostModel
@@ -249,9 +251,10 @@ class Plan:
         """The layers where a stage starts, first stage excluded."""
         return tuple(stage.layer_start for stage in self.stages[1:])
 
-    @property
+    @functools.cached_property
     def strategies(self) -> Mapping[str, str]:
-        return {n: s for stage in self.stages for n, s in stage.strategies}
+        """Operator -> strategy over every stage (built once per plan: views ask for it per operator)."""
+        return types.MappingProxyType({n: s for stage in self.stages for n, s in stage.strategies})
 
     def stage_of_layer(self, layer: int) -> Stage:
         for stage in self.stages:

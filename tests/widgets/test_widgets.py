@@ -14,6 +14,14 @@ def _editor(cuts=(2,), solver=hand_solver, strategy_names=None):
     return PlanEditor(EditorSession(graph, hand_plan(graph, cuts=cuts), solver=solver), strategy_names)
 
 
+def _show(ed, title: str):
+    """Open a tab as a user would: its figures draw when it is shown."""
+    from alpaviz.widgets._view_model import TAB_TITLES
+
+    ed.tabs.selected_index = TAB_TITLES.index(title)
+    return ed
+
+
 def test_clicking_a_gap_pins_a_cut_and_resolve_honours_it():
     ed = _editor()
     assert ed.session.plan.stage_cuts == (2,)
@@ -26,18 +34,21 @@ def test_clicking_a_gap_pins_a_cut_and_resolve_honours_it():
     assert "cuts at layers: 1 " in ed.headline.value
     assert ed.cut_buttons[1].button_style == "danger" and ed.cut_buttons[2].button_style == ""
     assert ed.progress.bar_style == "success"
-    # the layer-level graph is recoloured: layer 1 now starts stage 1
-    node_colours = ed.graph_figure.data[1].marker.color
-    assert node_colours[0] != node_colours[1] and node_colours[1] == node_colours[2]
-    # the cost panel compares against the previous plan
-    assert "vs previous plan" in ed.cost_figure.layout.title.text
-    # the diff says what the re-solve changed
-    assert "cuts before layers" in ed.diff.value and "<td>2</td><td>1</td>" in ed.diff.value
-    # the cluster map follows: every device drawn, labelled with its new stage
+    # the cluster map (the tab in view) follows: every device drawn, labelled with its new stage
     devices = ed.session.plan.cluster.num_devices
     assert len(ed.cluster_figure.layout.shapes) == devices
     labels = ed.cluster_figure.data[0].text
     assert [f"S{s.index} " in " ".join(labels) for s in ed.session.plan.stages] == [True] * ed.session.plan.num_stages
+    # the tabs out of view redraw when shown: the layer-level graph is recoloured, layer 1 now starts stage 1
+    before = [t.marker.color for t in ed.graph_figure.data[1:2]]
+    node_colours = _show(ed, "Graph").graph_figure.data[1].marker.color
+    assert [node_colours] != before
+    assert node_colours[0] != node_colours[1] and node_colours[1] == node_colours[2]
+    # the cost panel compares against the previous plan
+    assert "vs previous plan" in _show(ed, "Cost").cost_figure.layout.title.text
+    # the diff says what the re-solve changed
+    diff = _show(ed, "Why this plan").diff.value
+    assert "cuts before layers" in diff and "<td>2</td><td>1</td>" in diff
 
 
 def test_second_and_third_click_cycle_no_cut_then_free():
@@ -133,7 +144,7 @@ def test_the_operator_to_pin_is_found_by_typing_where_it_comes_from_in_the_users
 
 
 def test_graph_level_toggle_expands_one_layer():
-    ed = _editor()
+    ed = _show(_editor(), "Graph")
     assert len(ed.graph_figure.data[1].x) == tiny_graph().num_layers
     ed.graph_level.value = "op"
     ed.graph_layer.value = 1
@@ -142,7 +153,7 @@ def test_graph_level_toggle_expands_one_layer():
 
 
 def test_clicking_a_layer_node_expands_it_and_an_operator_selects_it():
-    ed = _editor()
+    ed = _show(_editor(), "Graph")
     ed.on_graph_click([2])  # what the node trace's on_click hands over: the clicked point indices
     assert ed.graph_level.value == "op" and ed.graph_layer.value == 2
     keys = list(ed.graph_figure.data[1].customdata)
@@ -351,7 +362,8 @@ def test_launch_runs_the_plan_and_fills_the_measured_timeline():
     assert measured.source == "measured" and measured.num_stages == 2
     runs = [(e.stage, e.kind, e.microbatch) for e in measured.events if e.kind in ("forward", "backward")]
     assert sorted(runs) == sorted((s, k, m) for s in range(2) for k in ("forward", "backward") for m in range(2))
-    drawn = [t for t in ed.timeline_figure.data if t.xaxis == "x2" and t.name in ("forward", "backward", "update")]
+    drawn = [t for t in _show(ed, "Timeline").timeline_figure.data
+             if t.xaxis == "x2" and t.name in ("forward", "backward", "update")]
     bars = [e for e in measured.events if e.kind in ("forward", "backward", "update")]
     assert bars and sum(len(t.x) for t in drawn) == len(bars)
     title = ed.timeline_figure.layout.annotations[1].text  # its own hardware, its bubble, and how far off
@@ -507,7 +519,7 @@ def test_layer_bars_add_up_to_the_stages_and_a_click_lists_a_layers_operators(so
         assert not stage.remat and sum(b.compute_s for b in mine) == pytest.approx(stage.cost.compute_s)
         assert sum(b.resharding_s for b in mine) == pytest.approx(stage.cost.resharding_s)
         assert all(b.total_s > 0 and b.memory_bytes > 0 for b in mine)
-    assert [t.name for t in ed.layer_figure.data[:3]] == ["compute", "communication", "resharding"]
+    assert [t.name for t in _show(ed, "Graph").layer_figure.data[:3]] == ["compute", "communication", "resharding"]
     ed.on_layer_click([1])
     assert ed.table_layer.value == 1
     rows = operator_rows(s.graph, s.plan, 1)
