@@ -1,20 +1,49 @@
-"""Moving tensors between stage meshes: device_put on one host, host memory or NCCL across hosts.
+"""Moving tensors between stage meshes, and how many bytes cross a host boundary doing it.
 
-On one host the whole move is one `jax.device_put` to the receiving
-stage's `NamedSharding`; XLA copies only the shards each receiving device
-needs.  Across hosts (Ray) a sender turns its arrays into numpy (through
-Ray's object store); NCCL through cupy is offered only when a CUDA GPU is
-really there.
+On one host a move is one `jax.device_put` to the receiving stage's
+`NamedSharding`; XLA copies only the shards each receiving device needs.
+
+Across hosts we follow Alpa's cross-mesh resharding with a local
+all-gather: the tensor crosses the boundary once, cut into `pieces`
+distinct slabs along one dim (the *boundary layout*), each slab from one
+sending device to one receiving device, and the receiver then completes its
+own layout inside its mesh (an all-gather on the fast intra-host link).
+Sending each receiving device its own tile directly (`tile_once=False`)
+sends every replicated tile once per replica instead.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
 
 import jax
-import numpy as np
 
-Transport = Literal["object_store", "nccl"]
+from alpaviz.core.plan import Spec
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryLayout:
+    """How a tensor crosses a host boundary: `pieces` slabs along `dim` (None: whole, from one device)."""
+
+    dim: int | None
+    pieces: int
+
+
+def boundary_layout(shape: Sequence[int], senders: int, receivers: int) -> BoundaryLayout:
+    """The most slabs (at most one per sending and per receiving device) that split one dim evenly.
+
+    Every process computes the same layout from the same arguments, which a
+    transfer between two JAX processes needs.
+    """
+    most = min(senders, receivers)
+    best = BoundaryLayout(None, 1)
+    for pieces in range(most, 1, -1):
+        for dim, size in enumerate(shape):
+            if size % pieces == 0:
+                return BoundaryLayout(dim, pieces)
+    return best
 
 
 def move_local(values: Mapping[str, Any], shardings: Mapping[str, Any]) -> dict[str, Any]:
@@ -22,28 +51,18 @@ def move_local(values: Mapping[str, Any], shardings: Mapping[str, Any]) -> dict[
     return {name: jax.device_put(value, shardings[name]) for name, value in values.items()}
 
 
-def to_host(values: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Gather values into numpy for the object store (the sender's half of a cross-host move)."""
-    return {name: np.asarray(value) for name, value in values.items()}
+def _replicas(spec: Spec, mesh_shape: Sequence[int], axis_names: Sequence[str] = ("x", "y")) -> int:
+    """How many devices of the mesh hold each tile under `spec`."""
+    used = {a for axes in spec for a in axes}
+    return math.prod(size for name, size in zip(axis_names, mesh_shape) if name not in used)
 
 
-def check_transport(transport: str) -> Transport:
-    """Validate a transport name; NCCL needs cupy and a visible CUDA device."""
-    if transport == "object_store":
-        return "object_store"
-    if transport != "nccl":
-        raise ValueError(f"unknown transport {transport!r}; use 'object_store' or 'nccl'")
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        raise ValueError(
-            "transport='nccl' needs cupy (pip install 'alpaviz[gpu]'); use transport='object_store'"
-        ) from None
-    if not cupy.is_available():
-        raise ValueError(
-            "transport='nccl' needs a CUDA GPU, but cupy sees none on this machine; "
-            "use transport='object_store' (host memory through Ray)"
-        )
-    raise NotImplementedError(
-        "transport='nccl' is not implemented yet in alpaviz; use transport='object_store'"
-    )
+def boundary_bytes(nbytes: int, spec: Spec | None, mesh_shape: Sequence[int], tile_once: bool = True) -> int:
+    """Bytes that cross the host boundary to give a receiver with `spec` on `mesh_shape` a tensor of `nbytes`.
+
+    Tile-once: each byte once.  Directly to each device: once per replica
+    of its tile (a replicated tensor crosses once per receiving device).
+    """
+    if tile_once:
+        return nbytes
+    return nbytes * _replicas(spec or (), mesh_shape)

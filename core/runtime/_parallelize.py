@@ -25,6 +25,7 @@ from alpaviz.core.plan import Plan
 from alpaviz.core.runtime._compile import CompiledStep, check_args, check_loss_reduction, compile_step
 from alpaviz.core.runtime._local_engine import LocalEngine
 from alpaviz.core.runtime._ray_engine import RayEngine
+from alpaviz.core.runtime._transport import TRANSPORTS
 from alpaviz.core.runtime._schedule import Program, build_instructions, interleave
 from alpaviz.core.runtime._stage_runner import StageError
 from alpaviz.core.runtime._timeline import Timeline
@@ -60,9 +61,12 @@ class ParallelStep:
         record_trace: bool = True,
         ray_options: dict[str, Any] | None = None,
         compiler_options: dict[str, Any] | None = None,
+        transport: str = "xla",
     ) -> None:
         if engine not in ("local", "ray"):
             raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}; use one of {', '.join(map(repr, TRANSPORTS))}")
         if not callable(train_step):
             raise TypeError(f"train_step must be the step function, got {type(train_step).__name__}")
         if not isinstance(plan, Plan):
@@ -76,7 +80,7 @@ class ParallelStep:
         self.donate = donate
         self.engine_kind = engine
         self.record_trace = record_trace
-        self.ray_options = dict(ray_options or {})
+        self.ray_options = {"transport": transport, **(ray_options or {})}
         self.compiler_options = dict(compiler_options or {})
         self._graph = graph
         self.compiled: CompiledStep | None = None
@@ -184,6 +188,7 @@ def parallelize(
     record_trace: bool = True,
     ray_options: dict[str, Any] | None = None,
     compiler_options: dict[str, Any] | None = None,
+    transport: str = "xla",
 ) -> ParallelStep:
     """Make `train_step` run as `plan` says: stages on their meshes, shardings, pipeline schedule.
 
@@ -193,7 +198,10 @@ def parallelize(
     ("mean", "sum", or "auto": from the step's constants, see
     `compile_step`); per-example outputs are concatenated.
     `engine="ray"` runs each host's stages in a Ray actor (see
-    `av.Cluster.ray`/`ray_options`).  `record_trace` blocks after every
+    `av.Cluster.ray`/`ray_options`); `transport` moves tensors between hosts:
+    "xla" (the actors form one JAX world; XLA's cross-host transfers, each
+    byte once, the receiver completing its layout inside its mesh),
+    "object_store" (numpy through Ray) or "nccl" (cupy, GPUs only).  `record_trace` blocks after every
     instruction to time it (`step.last_trace()`); turn it off for speed:
     untimed local steps also fuse a mesh's back-to-back forward and backward
     (and, for one stage and one microbatch, the update) into one executable.
@@ -208,7 +216,7 @@ def parallelize(
     return ParallelStep(
         train_step, plan, example_args=example_args, graph=graph, batch_argnums=batch_argnums,
         loss_reduction=loss_reduction, donate=donate, engine=engine, record_trace=record_trace, ray_options=ray_options,
-        compiler_options=compiler_options,
+        compiler_options=compiler_options, transport=transport,
     )
 
 

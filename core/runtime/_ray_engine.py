@@ -1,13 +1,14 @@
 """The Ray engine: one actor per host owns that host's stage meshes; the driver only sends instructions.
 
-Each actor is its own JAX process with its own devices (for tests: K
-virtual CPU devices, set through `XLA_FLAGS` in the actor before JAX
-starts).  The driver ships the step function and `jax.ShapeDtypeStruct`s;
-every actor re-traces the step itself (jaxprs do not pickle) and checks
-that it got the same graph.  Tensors cross hosts as numpy through Ray's
-object store.  Results stay in the actors between steps: the step returns
-`RemoteValue` handles, which the next call accepts as inputs without moving
-them, and `ParallelStep.fetch` brings to the host.
+The driver ships the step function and `jax.ShapeDtypeStruct`s; every actor
+(`_host_actor`) re-traces the step itself (jaxprs do not pickle) and checks
+that it got the same graph.  Tensors cross hosts through the chosen
+transport (`_transport`: XLA inside one JAX world by default).  The driver
+submits every instruction in the schedule's one global order; Ray runs each
+actor's calls in the order submitted, so the two halves of every transfer
+meet and no schedule deadlocks.  Results stay in the actors between steps:
+the step returns `RemoteValue` handles, which the next call accepts as
+inputs without moving them, and `ParallelStep.fetch` brings to the host.
 
 Ray starts only when a user builds a step with `engine="ray"`.
 """
@@ -15,7 +16,6 @@ Ray starts only when a user builds a step with `engine="ray"`.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any, Sequence
 
@@ -24,11 +24,12 @@ import numpy as np
 
 from alpaviz.core.graph import split_microbatch
 from alpaviz.core.plan import Plan, graph_fingerprint
-from alpaviz.core.runtime._compile import compile_step
-from alpaviz.core.runtime._cross_mesh import check_transport, move_local, to_host
+from alpaviz.core.runtime._cross_mesh import boundary_bytes
+from alpaviz.core.runtime._host_actor import HostActor
 from alpaviz.core.runtime._schedule import ONCE, timeline_kind
-from alpaviz.core.runtime._stage_runner import StageError, StageRunner
+from alpaviz.core.runtime._stage_runner import StageError, entering_spec
 from alpaviz.core.runtime._timeline import TimelineEvent
+from alpaviz.core.runtime._transport import Transfer, check_transport
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,120 +48,21 @@ class RemoteValue:
         return value if dtype is None else value.astype(dtype)
 
 
-class HostActor:
-    """Owns the stages of one host.  Created through `ray.remote`; methods run in the actor."""
-
-    def __init__(self, host: int, devices_per_host: int) -> None:
-        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
-        flags.append(f"--xla_force_host_platform_device_count={devices_per_host}")
-        os.environ["XLA_FLAGS"] = " ".join(flags)
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        # Importing JAX is not enough to fix its devices: the backend reads XLA_FLAGS when it first
-        # starts, which is after this point (the first jax.devices() below).
-        self.host = host
-        self.devices_per_host = devices_per_host
-        self.runners: dict[int, Any] = {}
-        self.kept: dict[str, Any] = {}
-        self.outbox: dict[tuple, dict[str, Any]] = {}
-
-    def num_devices(self) -> int:
-        return len(jax.devices())
-
-    def setup(self, train_step, plan_json: str, abstract_args, batch_argnums, donate, compiler_options,
-              stages: Sequence[int], expected_fingerprint: str, loss_reduction: str = "auto") -> str:
-        plan = Plan.from_json(plan_json)
-        compiled = compile_step(train_step, plan, abstract_args, batch_argnums, loss_reduction=loss_reduction)
-        fingerprint = graph_fingerprint(compiled.graph)
-        if fingerprint != expected_fingerprint:
-            raise ValueError(
-                f"host {self.host} traced a different graph ({fingerprint}) than the driver "
-                f"({expected_fingerprint}); use the same JAX and model code on every host"
-            )
-        devices = jax.devices()
-        base = self.host * self.devices_per_host
-        self.compiled = compiled
-        self.runners = {
-            s: StageRunner(compiled.graph, compiled.flow, plan.stages[s],
-                           [devices[d - base] for d in plan.stages[s].device_ids],
-                           compiled.num_microbatches, compiled.batch_inputs, dict(compiled.aliases),
-                           donate, compiler_options)
-            for s in stages
-        }
-        return fingerprint
-
-    def place(self, entries, *imported: dict) -> None:
-        """Put graph inputs on this host's stages: arrays, or results this actor (or another) kept."""
-        pool = {k: v for d in imported for k, v in d.items()}
-        for runner in self.runners.values():
-            runner.reset()
-        for stage, name, microbatch, payload in entries:
-            if isinstance(payload, tuple) and payload[0] == "kept":
-                payload = self.kept[payload[1]] if payload[1] in self.kept else pool[payload[1]]
-            self.runners[stage].put_input(name, payload, microbatch)
-
-    def run(self, stage: int, role: str, microbatch: int, record: bool) -> tuple[float, float]:
-        start = time.time()
-        produced = self.runners[stage].run(role, microbatch)
-        if record:
-            jax.block_until_ready(produced)
-        return start, time.time()
-
-    def send(self, key: tuple, tensors: Sequence[str], record: bool) -> tuple[dict, tuple[float, float]]:
-        """The sender's half across hosts: this edge's values as numpy (and the send's timing)."""
-        start = time.time()
-        src, _, _, _, microbatch = key
-        runner = self.runners[src]
-        values = {t: (runner.step_values[t] if microbatch == ONCE else runner.mb_values[(t, microbatch)])
-                  for t in tensors}
-        host = to_host(values)
-        runner.sent(tensors, microbatch)
-        return host, (start, time.time())
-
-    def send_local(self, key: tuple, tensors: Sequence[str], record: bool) -> tuple[float, float]:
-        """A move between two stages of this host: one device_put each."""
-        start = time.time()
-        src, _, dst, _, microbatch = key
-        runner, target = self.runners[src], self.runners[dst]
-        values = {t: (runner.step_values[t] if microbatch == ONCE else runner.mb_values[(t, microbatch)])
-                  for t in tensors}
-        moved = move_local(values, {t: target.sharding(t) for t in values})
-        runner.sent(tensors, microbatch)
-        if record:
-            jax.block_until_ready(list(moved.values()))
-        self.outbox[key] = moved
-        return start, time.time()
-
-    def recv(self, key: tuple, payload: Any, record: bool) -> tuple[float, float]:
-        start = time.time()
-        dst, microbatch = key[2], key[4]
-        if payload is None:  # a local move, already placed
-            self.runners[dst].give(self.outbox.pop(key), microbatch, placed=True)
-        else:
-            self.runners[dst].give(payload, microbatch)
-            if record:
-                jax.block_until_ready([self.runners[dst]._lookup(t, microbatch) for t in payload])
-        return start, time.time()
-
-    def free(self, stage: int, microbatch: int) -> None:
-        self.runners[stage].free(microbatch)
-
-    def finish(self, names: Sequence[tuple[int, str]]) -> None:
-        """Keep this host's results for the next step and drop the step's buffers."""
-        self.kept = {name: self.runners[stage].result(name) for stage, name in names}
-        for runner in self.runners.values():
-            runner.reset()
-
-    def export(self, names: Sequence[str]) -> dict[str, np.ndarray]:
-        return {n: np.asarray(self.kept[n]) for n in names}
-
-
 class RayEngine:
-    """Drives one `HostActor` per host of the plan's cluster through the instruction order."""
+    """Drives one `HostActor` per host of the plan's cluster through the instruction order.
+
+    `transport` moves tensors between hosts (`_transport`); `tile_once=False`
+    sends each receiving device its own tile instead (to measure what
+    tile-once saves).  A transfer that does not arrive within
+    `transfer_timeout_s`, or a step that does not finish within
+    `step_timeout_s`, raises `StageError` saying what was waited for.
+    """
 
     def __init__(self, plan: Plan, compiled, train_step, args, batch_argnums, donate, compiler_options=None,
-                 *, address: str | None = None, transport: str = "object_store",
+                 *, address: str | None = None, transport: str = "xla", tile_once: bool = True,
+                 transfer_timeout_s: int = 120, step_timeout_s: float = 600.0,
                  init_kwargs: dict[str, Any] | None = None) -> None:
-        check_transport(transport)
+        self.transport = check_transport(transport)
         if compiled.graph.input_parts or compiled.graph.output_parts:
             raise ValueError(
                 f"the step scans over stacked layer parameters ({compiled.graph.input_parts[0][0]}, ...), which the "
@@ -179,6 +81,8 @@ class RayEngine:
         self.ray = ray
         self.plan = plan
         self.compiled = compiled
+        self.tile_once = tile_once
+        self.step_timeout_s = step_timeout_s
         per_host = plan.cluster.devices_per_host
         self.host_of = [s.device_ids[0] // per_host for s in plan.stages]
         for s in plan.stages:
@@ -193,19 +97,26 @@ class RayEngine:
                 kwargs = {"address": address}
             kwargs.update(init_kwargs or {})
             ray.init(**kwargs)
-        self._started_ray = True
         hosts = sorted(set(self.host_of))
-        actor_cls = ray.remote(num_cpus=1)(HostActor)
+        actor_cls = ray.remote(num_cpus=1, max_restarts=0)(HostActor)
         self.actors = {h: actor_cls.remote(h, per_host) for h in hosts}
-        self.hardware = f"Ray: {len(hosts)} host actors x {per_host} devices"
+        # Plan device id -> index in the JAX world's device list (processes in host order, each its devices).
+        rank = {h: i for i, h in enumerate(hosts)}
+        self._world = {d: rank[d // per_host] * per_host + d % per_host
+                       for s in plan.stages for d in s.device_ids}
+        if self.transport == "xla":
+            coordinator = ray.get(self.actors[hosts[0]].coordinator_address.remote())
+            self.listen = self._gather([self.actors[h].join.remote(coordinator, len(hosts), rank[h], transfer_timeout_s)
+                                        for h in hosts], timeout=120)
+        self.hardware = f"Ray: {len(hosts)} host actors x {per_host} devices, transport {self.transport}"
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x)), tuple(args))
         expected = graph_fingerprint(compiled.graph)
-        ray.get([
+        self._gather([
             actor.setup.remote(train_step, plan.to_json(), abstract, tuple(batch_argnums), donate,
                                compiler_options, [s.index for s in plan.stages if self.host_of[s.index] == h],
-                               expected, compiled.accumulate)
+                               expected, compiled.accumulate, self.transport)
             for h, actor in self.actors.items()
-        ])
+        ], timeout=step_timeout_s)
         self.step_id = 0
         self._needed = {
             s.index: tuple(dict.fromkeys(
@@ -220,6 +131,68 @@ class RayEngine:
         other.__dict__.update(self.__dict__)
         other.compiled = compiled
         return other
+
+    # ---- what crosses hosts ----------------------------------------------------------
+    def transfer(self, key: tuple, tensors: Sequence[str]) -> Transfer:
+        """What a cross-host SEND along `key` moves, in the terms every actor computes its layout from."""
+        src, dst = self.plan.stages[key[0]], self.plan.stages[key[2]]
+        graph, aliases, specs = self.compiled.graph, dict(self.compiled.aliases), dict(dst.partition_specs)
+        infos = [graph.tensor(t) for t in tensors]
+        return Transfer(
+            key=key, tensors=tuple(tensors), shapes=tuple(tuple(i.shape) for i in infos),
+            dtypes=tuple(str(i.dtype) for i in infos),
+            src_devices=tuple(self._world[d] for d in src.device_ids),
+            dst_devices=tuple(self._world[d] for d in dst.device_ids),
+            dst_mesh_shape=tuple(dst.logical_mesh), dst_specs=tuple(entering_spec(specs, t, aliases) for t in tensors),
+            tile_once=self.tile_once,
+        )
+
+    def crossing_bytes(self, tile_once: bool | None = None) -> int:
+        """Bytes that cross a host boundary in one step: each tensor once (tile-once, and the object store,
+        which gathers it whole), or once per receiving device that holds its tile (`tile_once=False`)."""
+        tile_once = self.tile_once if tile_once is None else tile_once
+        if self.transport == "object_store":
+            tile_once = True
+        c, total = self.compiled, 0
+        for ins in c.order:
+            if ins.op == "send" and self.host_of[ins.peer] != self.host_of[ins.stage]:
+                t = self.transfer(ins.transfer_key, c.edge(ins).tensors)
+                for shape, dtype, spec in zip(t.shapes, t.dtypes, t.dst_specs):
+                    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+                    total += boundary_bytes(nbytes, spec, t.dst_mesh_shape, tile_once or not t.direct)
+        return total
+
+    # ---- running -------------------------------------------------------------------------
+    def _gather(self, refs: Sequence[Any], timeout: float) -> list[Any]:
+        """Results of `refs`, failing on the first error (not after the slowest), within `timeout`."""
+        ray = self.ray
+        pending, deadline = list(refs), time.monotonic() + timeout
+        while pending:
+            left = deadline - time.monotonic()
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(left, 0))
+            if not ready:
+                raise StageError(
+                    f"the step did not finish within {timeout:.0f} s ({len(pending)} instructions still "
+                    f"waiting); a host actor may be stuck in a transfer: raise step_timeout_s in ray_options, "
+                    f"or use transport='object_store'"
+                )
+            try:
+                ray.get(ready)
+            except ray.exceptions.RayTaskError as err:
+                raise _stage_error(err) from err
+            except ray.exceptions.RayActorError as err:
+                raise self._actor_died(err) from err
+        return ray.get(list(refs))
+
+    def _actor_died(self, err: Exception) -> StageError:
+        dead = [h for h, a in self.actors.items() if _is_dead(self.ray, a)]
+        which = ", ".join(f"host {h} (stages {[s for s, x in enumerate(self.host_of) if x == h]})" for h in dead)
+        self.close()
+        return StageError(
+            f"the Ray actor of {which or 'a host'} died during step {self.step_id}: {str(err).splitlines()[0]}. "
+            f"The parameters you passed are untouched (the driver holds them); build the step again with "
+            f"av.parallelize(..., engine='ray') and rerun it"
+        )
 
     def _place(self, leaves: Sequence[Any]) -> None:
         c = self.compiled
@@ -250,14 +223,16 @@ class RayEngine:
         for h, actor in self.actors.items():
             exported = [self.actors[src].export.remote(names) for src, names in imports[h].items()]
             refs.append(actor.place.remote(entries[h], *exported))
-        self.ray.get(refs)
+        self._gather(refs, self.step_timeout_s)
 
     def step(self, leaves: Sequence[Any], record: bool) -> tuple[list[Any], list[TimelineEvent]]:
+        if not self.actors:
+            raise StageError("this Ray step was closed (or lost an actor); build it again with av.parallelize")
         c = self.compiled
         self._place(leaves)
         t0 = time.time()
         timings: list[tuple[Any, Any]] = []
-        pending: dict[tuple, Any] = {}
+        pending: dict[tuple, tuple[Transfer | None, Any]] = {}
         for ins in c.order:
             actor = self.actors[self.host_of[ins.stage]]
             if ins.op == "run":
@@ -266,27 +241,31 @@ class RayEngine:
                 key, tensors = ins.transfer_key, c.edge(ins).tensors
                 if self.host_of[ins.peer] == self.host_of[ins.stage]:
                     timings.append((ins, actor.send_local.remote(key, tensors, record)))
-                    pending[key] = None
-                else:
-                    data, timing = actor.send.options(num_returns=2).remote(key, tensors, record)
-                    pending[key] = data
-                    timings.append((ins, timing))
+                    pending[key] = (None, None)
+                    continue
+                transfer = self.transfer(key, tensors)
+                payload, timing = actor.send.options(num_returns=2).remote(transfer, record)
+                timings.append((ins, timing))
+                pending[key] = (transfer, payload)
+                if self.transport != "object_store":  # the receive is posted at the send's place in the order
+                    others = [h for h in self.actors if h != self.host_of[ins.stage]]
+                    if self.transport != "xla":
+                        others = [self.host_of[ins.peer]]
+                    for h in others:
+                        self.actors[h].expect.remote(transfer)
             elif ins.op == "recv":
-                ref = pending.pop(ins.transfer_key)
-                timings.append((ins, actor.recv.remote(ins.transfer_key, ref, record)))
+                transfer, payload = pending.pop(ins.transfer_key)
+                timings.append((ins, actor.recv.remote(ins.transfer_key, transfer, payload, record)))
             else:
                 actor.free.remote(ins.stage, ins.microbatch)
+        results = self._gather([ref for _, ref in timings], self.step_timeout_s)
         producer = c.flow.producer_map
         mine: dict[int, list[tuple[int, str]]] = {h: [] for h in self.actors}
         for name in c.graph.outputs:
             if name in producer:
                 stage = producer[name][0]
                 mine[self.host_of[stage]].append((stage, name))
-        try:
-            self.ray.get([a.finish.remote(mine[h]) for h, a in self.actors.items()])
-            results = self.ray.get([ref for _, ref in timings])
-        except self.ray.exceptions.RayTaskError as err:
-            raise _stage_error(err) from err
+        self._gather([a.finish.remote(mine[h]) for h, a in self.actors.items()], self.step_timeout_s)
         self.step_id += 1
         events = []
         if record:
@@ -310,12 +289,20 @@ class RayEngine:
     def fetch(self, value: RemoteValue) -> np.ndarray:
         if value.step != self.step_id:
             raise ValueError(f"{value.name!r} is from step {value.step}; the actors keep step {self.step_id} only")
-        return self.ray.get(self.actors[value.actor].export.remote([value.name]))[value.name]
+        return self._gather([self.actors[value.actor].export.remote([value.name])], self.step_timeout_s)[0][value.name]
 
     def close(self) -> None:
         for actor in self.actors.values():
             self.ray.kill(actor)
         self.actors = {}
+
+
+def _is_dead(ray: Any, actor: Any) -> bool:
+    try:
+        ray.get(actor.num_devices.remote(), timeout=5)
+        return False
+    except Exception:
+        return True
 
 
 def _stage_error(err: Exception) -> Exception:

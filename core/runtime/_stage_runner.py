@@ -98,10 +98,7 @@ class StageRunner:
 
     def sharding(self, tensor: str) -> NamedSharding:
         """Where a tensor entering this stage lives: its spec if the plan gives one, else replicated."""
-        spec = self.specs.get(tensor)
-        if spec is None and tensor in self.aliases:
-            spec = self.specs.get(self.aliases[tensor])
-        return NamedSharding(self.mesh, _canonical(to_partition_spec(spec)) if spec is not None else PartitionSpec())
+        return NamedSharding(self.mesh, partition_spec(entering_spec(self.specs, tensor, self.aliases)))
 
     @property
     def needed_inputs(self) -> tuple[str, ...]:
@@ -343,6 +340,20 @@ class _Group:
     outputs: tuple[str, ...]
     accumulated: tuple[str, ...]
     donated: tuple[str, ...]
+
+
+def entering_spec(specs: Mapping[str, Any], tensor: str, aliases: Mapping[str, str]) -> Any:
+    """A stage's spec (from its `partition_specs`) of a tensor entering it, a new param taking its old
+    value's; None: replicated."""
+    spec = specs.get(tensor)
+    if spec is None and tensor in aliases:
+        spec = specs.get(aliases[tensor])
+    return spec
+
+
+def partition_spec(spec: Any) -> PartitionSpec:
+    """A plan spec (None: replicated) as the PartitionSpec jit gives its outputs."""
+    return _canonical(to_partition_spec(spec)) if spec is not None else PartitionSpec()
 
 
 def _canonical(pspec: PartitionSpec) -> PartitionSpec:

@@ -1,16 +1,21 @@
+"""The Ray engine on two host actors of 4 virtual CPU devices each: numerics against `jax.jit`, the bytes
+that cross the host boundary, and the errors a user gets when a host dies or a transfer never arrives."""
+
 import jax
 import numpy as np
 import pytest
 
 import alpaviz as av
-from alpaviz.core.runtime._cross_mesh import check_transport
 from alpaviz.core.plan._manual_plan import data_parallel_specs, manual_plan
 from alpaviz.core.plan._plan import Schedule
+from alpaviz.core.runtime import StageError
 from alpaviz.core.runtime._ray_engine import RemoteValue
+from alpaviz.core.runtime._transport import check_transport
 
 ray = pytest.importorskip("ray")
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
+STEPS = 3
 
 
 @pytest.fixture(scope="module")
@@ -20,40 +25,123 @@ def local_ray():
     ray.shutdown()
 
 
-@pytest.mark.slow
-def test_two_stage_pipeline_across_two_ray_actors_matches_single_device(local_ray):
-    step, params, batch = av.models.gpt(num_layers=2, hidden=32, seq_len=16, vocab=64)
-    graph = av.trace(step, params, batch)
+def _model(name: str):
+    if name == "gpt":
+        return av.models.gpt(num_layers=4, hidden=32, seq_len=16, vocab=64, batch_size=8)
+    return av.models.mlp((16, 32, 32, 32, 16), batch_size=16)
+
+
+def _plan(graph, layout: str):
     cluster = av.Cluster.ray(num_hosts=2, devices_per_host=4)
-    plan = manual_plan(graph, cluster, stage_cuts=(1,), logical_meshes=(4, 1),
-                       partition_specs=data_parallel_specs(graph), schedule=Schedule("1f1b", 2))
-    assert [s.device_ids for s in plan.stages] == [(0, 1, 2, 3), (4, 5, 6, 7)]
-    parallel = av.parallelize(step, plan, engine="ray", example_args=(params, batch),
+    specs = data_parallel_specs(graph)
+    if layout == "2 stages, 4x1 then 1x4":  # stage 1 holds the batch whole on each device: tile-once matters
+        return manual_plan(graph, cluster, stage_cuts=(2,), logical_meshes=[(4, 1), (1, 4)],
+                           partition_specs=specs, schedule=Schedule("1f1b", 2))
+    return manual_plan(graph, cluster, stage_cuts=(1, 2, 3), logical_meshes=(2, 1), devices_per_stage=2,
+                       partition_specs=specs, schedule=Schedule("1f1b", 4))
+
+
+def _run_against_jit(step, params, batch, parallel):
+    ref = jax.jit(step, compiler_options=FAST_COMPILE)
+    p_ref, p = params, params
+    for _ in range(STEPS):
+        p_ref, loss_ref = ref(p_ref, batch)
+        p, loss = parallel(p, batch)
+        assert all(isinstance(leaf, RemoteValue) for leaf in jax.tree.leaves(p))
+        np.testing.assert_allclose(np.asarray(loss), float(loss_ref), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(parallel.fetch(p)), jax.tree.leaves(jax.device_get(p_ref))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["xla", "object_store"])
+@pytest.mark.parametrize("layout", ["2 stages, 4x1 then 1x4", "4 stages, two per host"])
+@pytest.mark.parametrize("model", ["gpt", "mlp"])
+def test_stages_on_two_hosts_match_jit(local_ray, model, layout, transport):
+    step, params, batch = _model(model)
+    graph = av.trace(step, params, batch)
+    plan = _plan(graph, layout)
+    hosts = [s.device_ids[0] // 4 for s in plan.stages]
+    assert hosts == ([0, 1] if plan.num_stages == 2 else [0, 0, 1, 1])
+    parallel = av.parallelize(step, plan, engine="ray", transport=transport, example_args=(params, batch),
                               compiler_options=FAST_COMPILE)
     try:
-        actors = parallel._engine.actors
-        assert len(actors) == 2
-        assert ray.get([a.num_devices.remote() for a in actors.values()]) == [4, 4]
-        ref = jax.jit(step, compiler_options=FAST_COMPILE)
-        p_ref, p = params, params
-        for _ in range(3):
-            p_ref, loss_ref = ref(p_ref, batch)
-            p, loss = parallel(p, batch)
-            assert all(isinstance(leaf, RemoteValue) for leaf in jax.tree.leaves(p))
-            np.testing.assert_allclose(np.asarray(loss), float(loss_ref), rtol=1e-5)
-        got = jax.tree.leaves(parallel.fetch(p))
-        for a, b in zip(got, jax.tree.leaves(jax.device_get(p_ref))):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        engine = parallel._engine
+        assert ray.get([a.num_devices.remote() for a in engine.actors.values()]) == [4, 4]
+        if transport == "xla":  # one JAX world; the transfer sockets listen on Ray's node address only
+            node = ray.nodes()[0]["NodeManagerAddress"]
+            assert [a.rsplit(":", 1)[0] for a in engine.listen] == [node, node] and node != "0.0.0.0"
+        _run_against_jit(step, params, batch, parallel)
         trace = parallel.last_trace()
-        assert trace.source == "measured"
-        assert [e.kind for e in trace.events].count("forward") == 2 * 2
-        assert any(e.kind == "send" for e in trace.events)
+        assert trace.source == "measured" and transport in trace.hardware
+        assert [e.kind for e in trace.events].count("forward") == plan.num_stages * plan.schedule.num_microbatches
+        assert any(e.kind == "recv" for e in trace.events)
     finally:
         parallel.close()
 
 
-def test_nccl_transport_without_a_gpu_is_a_clear_error():
+@pytest.mark.slow
+def test_each_byte_crosses_the_host_boundary_once_and_the_receiver_completes_its_layout(local_ray):
+    step, params, batch = _model("gpt")
+    graph = av.trace(step, params, batch)
+    plan = _plan(graph, "2 stages, 4x1 then 1x4")
+    direct = av.parallelize(step, plan, engine="ray", example_args=(params, batch), compiler_options=FAST_COMPILE,
+                            ray_options={"tile_once": False})
+    try:
+        once, each = direct._engine.crossing_bytes(tile_once=True), direct._engine.crossing_bytes()
+        # stage 1 holds the activations and their gradients whole on each of its 4 devices: sent directly,
+        # every device's copy crosses; tile-once sends the tensor once and all-gathers it inside the host
+        assert each == 4 * once > 0
+        _run_against_jit(step, params, batch, direct)  # the direct path is also right, only dearer
+    finally:
+        direct.close()
+
+
+@pytest.mark.slow
+def test_a_host_actor_that_dies_gives_a_clear_error_and_the_params_are_untouched(local_ray):
+    step, params, batch = _model("mlp")
+    graph = av.trace(step, params, batch)
+    parallel = av.parallelize(step, _plan(graph, "2 stages, 4x1 then 1x4"), engine="ray",
+                              example_args=(params, batch), compiler_options=FAST_COMPILE)
+    before = [np.array(leaf) for leaf in jax.tree.leaves(params)]
+    parallel(params, batch)
+    ray.kill(parallel._engine.actors[1])
+    with pytest.raises(StageError, match=r"actor of host 1 \(stages \[1\]\) died during step 1.*untouched"):
+        parallel(params, batch)
+    for a, b in zip(before, jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, np.asarray(b))
+    with pytest.raises(StageError, match="build it again"):
+        parallel(params, batch)
+
+
+@pytest.mark.slow
+def test_a_transfer_that_never_arrives_names_the_stage_pair_and_tensor(local_ray):
+    step, params, batch = _model("mlp")
+    graph = av.trace(step, params, batch)
+    plan = _plan(graph, "2 stages, 4x1 then 1x4")
+    parallel = av.parallelize(step, plan, engine="ray", example_args=(params, batch), compiler_options=FAST_COMPILE,
+                              ray_options={"transfer_timeout_s": 3})
+    try:
+        parallel(params, batch)  # a step that works: both hosts' transfer servers are up
+        engine = parallel._engine
+        c = engine.compiled
+        send = next(ins for ins in c.order if ins.op == "send" and engine.host_of[ins.peer] != engine.host_of[ins.stage])
+        transfer = engine.transfer(send.transfer_key, c.edge(send).tensors)
+        receiver = engine.actors[engine.host_of[send.peer]]
+        receiver.expect.remote(transfer)  # the receive is posted, but host 0 never sends
+        with pytest.raises(ray.exceptions.RayTaskError, match=rf"transfer of {transfer.tensors[0]} from stage 0 "
+                                                                 rf"to stage 1 .* did not complete within 3 s"):
+            ray.get(receiver.recv.remote(send.transfer_key, transfer, None, False), timeout=60)
+    finally:
+        parallel.close()
+
+
+def test_transport_names_and_nccl_without_a_gpu_are_clear_errors():
     with pytest.raises(ValueError, match="transport='nccl' needs"):
         check_transport("nccl")
     with pytest.raises(ValueError, match="unknown transport 'carrier pigeon'"):
         check_transport("carrier pigeon")
+    step, params, batch = _model("mlp")
+    graph = av.trace(step, params, batch)
+    with pytest.raises(ValueError, match="unknown transport 'pigeon'"):
+        av.parallelize(step, manual_plan(graph, av.Cluster.ray(2, 4)), engine="ray", transport="pigeon")
