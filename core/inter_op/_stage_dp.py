@@ -69,8 +69,10 @@ class StageCostTable:
     `cut_in_s` / `cut_back_s` are given: per cut k, the time to receive the
     forward activations (charged to the stage starting at k) and the
     gradients (charged to the stage ending at k), row 0 over the link inside
-    a host, row 1 across hosts.  `devices_per_host` enables the placement
-    rules (None: one host, no rule).
+    a host, row 1 across hosts; either [link, cut] or [link, cut, mesh] when
+    the receiving mesh matters (completing the layout after a cross-host
+    transfer).  `devices_per_host` enables the placement rules (None: one
+    host, no rule).
     """
 
     meshes: tuple[MeshChoice, ...]
@@ -91,8 +93,14 @@ class StageCostTable:
                 raise ValueError(f"StageCostTable.{name} must have shape {shape}, got {getattr(self, name).shape}")
         for name in ("cut_in_s", "cut_back_s"):
             value = getattr(self, name)
-            if value is not None and value.shape != (2, self.num_layers + 1):
-                raise ValueError(f"StageCostTable.{name} must have shape {(2, self.num_layers + 1)}, got {value.shape}")
+            if value is None:
+                continue
+            per_mesh = (2, self.num_layers + 1, len(self.meshes))
+            if value.shape == per_mesh[:2]:  # the same for every receiving mesh
+                object.__setattr__(self, name, np.broadcast_to(value[:, :, None], per_mesh))
+            elif value.shape != per_mesh:
+                raise ValueError(f"StageCostTable.{name} must have shape {per_mesh[:2]} or {per_mesh}, "
+                                 f"got {value.shape}")
 
     @property
     def num_layers(self) -> int:
@@ -116,17 +124,19 @@ class StageCostTable:
 
     def time_variants(self) -> np.ndarray:
         """Stage times for each pair of cut links: [in_link, back_link, k, j, m] (0 inside a host, 1 across)."""
-        zero = np.zeros((2, self.num_layers + 1))
+        zero = np.zeros((2, self.num_layers + 1, len(self.meshes)))
         cut_in = zero if self.cut_in_s is None else self.cut_in_s
         cut_back = zero if self.cut_back_s is None else self.cut_back_s
-        return (self.time_s[None, None] + cut_in[:, None, :, None, None] + cut_back[None, :, None, :, None])
+        return (self.time_s[None, None] + cut_in[:, None, :, None, :] + cut_back[None, :, None, :, :])
 
     def cut_times(self, stage: "StageChoice", first_device: int) -> tuple[float, float]:
         """What `stage` placed at `first_device` spends per microbatch receiving across its two cuts: the
         forward activations at its start and the gradients at its end, each on the link its cut crosses."""
         after = first_device + self.meshes[stage.mesh].num_devices
-        into = 0.0 if self.cut_in_s is None else float(self.cut_in_s[int(self.at_host_edge(first_device)), stage.start])
-        back = 0.0 if self.cut_back_s is None else float(self.cut_back_s[int(self.at_host_edge(after)), stage.stop])
+        into = (0.0 if self.cut_in_s is None
+                else float(self.cut_in_s[int(self.at_host_edge(first_device)), stage.start, stage.mesh]))
+        back = (0.0 if self.cut_back_s is None
+                else float(self.cut_back_s[int(self.at_host_edge(after)), stage.stop, stage.mesh]))
         return into, back
 
     def stage_time(self, stage: "StageChoice", first_device: int) -> float:

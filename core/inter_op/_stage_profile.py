@@ -327,6 +327,32 @@ def step_link(cluster: Cluster) -> Link:
     return cluster.inter_host if cluster.num_hosts > 1 else cluster.intra_host
 
 
+def local_gather_s(nbytes: float, mesh: MeshChoice, cluster: Cluster, cost_model: CostModel) -> float:
+    """What a receiving mesh spends completing a tensor that crossed hosts once, one slab per device (the
+    runtime's boundary layout): it keeps the batch split over its logical x axis, so each device
+    all-gathers its x-row's share over y, inside the mesh."""
+    rows, cols = mesh.logical_shape
+    if cols == 1 or nbytes <= 0:
+        return 0.0
+    logical = cluster.logical_mesh(mesh.submesh, mesh.logical_shape)
+    return cost_model.all_gather(nbytes / rows, logical, 1)
+
+
+def cut_transfer_times(cut_bytes: Sequence[float], meshes: Sequence[MeshChoice], cluster: Cluster,
+                       cost_model: CostModel) -> np.ndarray:
+    """[link, cut, receiving mesh]: receiving a cut's tensors inside a host (one device_put to the
+    receiver's layout), or across hosts (each byte over the inter-host link once, then the local
+    all-gather on the receiving mesh)."""
+    out = np.zeros((2, len(cut_bytes), len(meshes)))
+    for k, nbytes in enumerate(cut_bytes):
+        if nbytes <= 0:
+            continue
+        out[0, k, :] = cost_model.send_recv(nbytes, cluster.intra_host)
+        across = cost_model.send_recv(nbytes, cluster.inter_host)
+        out[1, k, :] = [across + local_gather_s(nbytes, m, cluster, cost_model) for m in meshes]
+    return out
+
+
 def profiled_mesh(profiles: ProfileTable, table_mesh: int) -> int:
     """The profile column of a stage cost table's mesh choice: the table lists every mesh twice (keeping
     activations, then recomputing), and both share the mesh's layer profiles."""
@@ -358,9 +384,9 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
 
     blocked = range_sums(bad) > 0
     valid = np.triu(np.ones((num_layers + 1, num_layers + 1), bool), k=1)[:, :, None] & ~blocked
-    links = (cluster.intra_host, cluster.inter_host)
-    cut_in = np.array([[cost_model.send_recv(b, link) for b in table.forward_cut_bytes] for link in links])
-    cut_back = np.array([[cost_model.send_recv(b, link) for b in table.backward_cut_bytes] for link in links])
+    meshes = table.meshes + tuple(dataclasses.replace(m, remat=True) for m in table.meshes)
+    cut_in = cut_transfer_times(table.forward_cut_bytes, meshes, cluster, cost_model)
+    cut_back = cut_transfer_times(table.backward_cut_bytes, meshes, cluster, cost_model)
     cut_in[:, 0] = cut_back[:, num_layers] = 0.0
     inf = np.inf
 
@@ -388,7 +414,7 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
     twice = lambda a: both(a, a)  # noqa: E731
     valid = np.concatenate([valid, valid], axis=2)
     return StageCostTable(
-        meshes=table.meshes + tuple(dataclasses.replace(m, remat=True) for m in table.meshes),
+        meshes=meshes,
         time_s=both(kept[0], again[0]),
         update_s=twice(range_sums(grid("update_s")) + step_recv),
         state_bytes=twice(range_sums(grid("state_bytes"))),

@@ -336,6 +336,33 @@ def test_stages_sit_in_pipeline_order_and_each_cut_is_priced_on_the_link_it_cros
     assert extra(profiles.forward_cut_bytes[2]) > 0
 
 
+def test_a_cross_host_cut_pays_the_receivers_local_all_gather_when_it_replicates_the_batch():
+    from alpaviz.core.inter_op._solve import prepare
+
+    graph = _blocks([512] * 4, hidden=512, batch=256)
+    cluster = av.Cluster.a100_node(2, 4)
+    profiles = prepare(graph, cluster=cluster, stage_cost=analytic_stage_cost).profiles
+    cm = av.CostModel()
+    plans = {}
+    for logical in ((2, 1), (1, 2)):  # the batch split over the stage's 2 devices, or whole on each
+        pins = av.Pins(num_stages=4)
+        for stage in range(4):
+            pins = pins.with_submesh(stage, (1, 2), logical)
+        plans[logical] = solve(graph, cluster=cluster, pins=pins, num_microbatches=4, progress=False,
+                               stage_cost=analytic_stage_cost, cost_model=cm)
+    # The tensor crosses hosts once, one slab per device (the runtime's boundary layout); a receiver that
+    # keeps the batch whole on each device then all-gathers inside its mesh, on NVLink.
+    gather = lambda nbytes: cm.all_gather(nbytes, cluster.logical_mesh((1, 2), (1, 2)), 1)  # noqa: E731
+    split, whole = plans[(2, 1)].stages, plans[(1, 2)].stages
+    assert whole[2].cost.recv_forward_s - split[2].cost.recv_forward_s == pytest.approx(
+        gather(profiles.forward_cut_bytes[2]))
+    assert whole[1].cost.recv_backward_s - split[1].cost.recv_backward_s == pytest.approx(
+        gather(profiles.backward_cut_bytes[2]))
+    inside = [(a.cost.recv_forward_s, b.cost.recv_forward_s) for i, (a, b) in enumerate(zip(split, whole)) if i != 2]
+    assert all(a == pytest.approx(b) for a, b in inside)  # cuts inside a host: one device_put, no gather
+    assert gather(profiles.forward_cut_bytes[2]) > 0
+
+
 def test_a_stage_layout_that_would_straddle_two_hosts_is_refused_with_the_reason():
     graph = _blocks([512] * 3, hidden=512, batch=256)
     pins = av.Pins(num_stages=3).with_submesh(0, (1, 2)).with_submesh(1, (1, 4)).with_submesh(2, (1, 2))
