@@ -92,12 +92,18 @@ class HostActor:
         self.transfer_timeout_s = transfer_timeout_s
         return listen
 
+    def nccl_unique_id(self) -> tuple:
+        from alpaviz.core.runtime._transport_nccl import unique_id
+
+        return unique_id()
+
     def num_devices(self) -> int:
         return len(jax.local_devices())
 
     # ---- the step ----------------------------------------------------------------
     def setup(self, train_step, plan_json: str, abstract_args, batch_argnums, donate, compiler_options,
-              stages: Sequence[int], expected_fingerprint: str, loss_reduction: str, transport: str) -> str:
+              stages: Sequence[int], expected_fingerprint: str, loss_reduction: str, transport: str,
+              transport_options: dict | None = None) -> str:
         plan = Plan.from_json(plan_json)
         compiled = compile_step(train_step, plan, abstract_args, batch_argnums, loss_reduction=loss_reduction)
         fingerprint = graph_fingerprint(compiled.graph)
@@ -109,7 +115,7 @@ class HostActor:
         devices = jax.local_devices()
         base = self.host * self.devices_per_host
         self.compiled = compiled
-        self.transport = make_transport(transport)
+        self.transport = make_transport(transport, **(transport_options or {}))
         self.runners = {
             s: StageRunner(compiled.graph, compiled.flow, plan.stages[s],
                            [devices[d - base] for d in plan.stages[s].device_ids],

@@ -29,7 +29,7 @@ from alpaviz.core.runtime._host_actor import HostActor
 from alpaviz.core.runtime._schedule import ONCE, timeline_kind
 from alpaviz.core.runtime._stage_runner import StageError, entering_spec
 from alpaviz.core.runtime._timeline import TimelineEvent
-from alpaviz.core.runtime._transport import Transfer, check_transport
+from alpaviz.core.runtime._transport import TRANSPORTS, Transfer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,8 @@ class RayEngine:
 
     `transport` moves tensors between hosts (`_transport`); `tile_once=False`
     sends each receiving device its own tile instead (to measure what
-    tile-once saves).  A transfer that does not arrive within
+    tile-once saves); `actor_options` go to each host actor (`ray.remote`).
+    A transfer that does not arrive within
     `transfer_timeout_s`, or a step that does not finish within
     `step_timeout_s`, raises `StageError` saying what was waited for.
     """
@@ -61,8 +62,10 @@ class RayEngine:
     def __init__(self, plan: Plan, compiled, train_step, args, batch_argnums, donate, compiler_options=None,
                  *, address: str | None = None, transport: str = "xla", tile_once: bool = True,
                  transfer_timeout_s: int = 120, step_timeout_s: float = 600.0,
-                 init_kwargs: dict[str, Any] | None = None) -> None:
-        self.transport = check_transport(transport)
+                 init_kwargs: dict[str, Any] | None = None, actor_options: dict[str, Any] | None = None) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {transport!r}; use one of {', '.join(map(repr, TRANSPORTS))}")
+        self.transport = transport  # the hosts check what their backend needs (cupy and a GPU for NCCL)
         if compiled.graph.input_parts or compiled.graph.output_parts:
             raise ValueError(
                 f"the step scans over stacked layer parameters ({compiled.graph.input_parts[0][0]}, ...), which the "
@@ -98,25 +101,43 @@ class RayEngine:
             kwargs.update(init_kwargs or {})
             ray.init(**kwargs)
         hosts = sorted(set(self.host_of))
-        actor_cls = ray.remote(num_cpus=1, max_restarts=0)(HostActor)
+        self.listen: list[str] = []  # where each host's cross-host transfer socket listens ("xla")
+        # e.g. actor_options={"num_gpus": 1}: each host actor gets its GPUs (Ray hides GPUs not asked for)
+        actor_cls = ray.remote(**{"num_cpus": 1, "max_restarts": 0, **(actor_options or {})})(HostActor)
         self.actors = {h: actor_cls.remote(h, per_host) for h in hosts}
         # Plan device id -> index in the JAX world's device list (processes in host order, each its devices).
         rank = {h: i for i, h in enumerate(hosts)}
         self._world = {d: rank[d // per_host] * per_host + d % per_host
                        for s in plan.stages for d in s.device_ids}
+        try:
+            self._start(plan, compiled, train_step, args, batch_argnums, donate, compiler_options, hosts, rank,
+                        transfer_timeout_s)
+        except BaseException:
+            self.close()  # no actor outlives a failed start
+            raise
+
+    def _start(self, plan, compiled, train_step, args, batch_argnums, donate, compiler_options, hosts, rank,
+               transfer_timeout_s) -> None:
+        """Join the actors' JAX world (transport "xla"), set up each host's stages, and NCCL if chosen."""
+        ray, per_host = self.ray, plan.cluster.devices_per_host
         if self.transport == "xla":
             coordinator = ray.get(self.actors[hosts[0]].coordinator_address.remote())
             self.listen = self._gather([self.actors[h].join.remote(coordinator, len(hosts), rank[h], transfer_timeout_s)
                                         for h in hosts], timeout=120)
+        options: dict[int, dict] = {h: {} for h in hosts}
+        if self.transport == "nccl":
+            nccl_id = self._gather([self.actors[hosts[0]].nccl_unique_id.remote()], timeout=120)[0]
+            options = {h: {"nccl_id": nccl_id, "world_size": len(hosts) * per_host, "first_rank": rank[h] * per_host}
+                       for h in hosts}
         self.hardware = f"Ray: {len(hosts)} host actors x {per_host} devices, transport {self.transport}"
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x)), tuple(args))
         expected = graph_fingerprint(compiled.graph)
         self._gather([
             actor.setup.remote(train_step, plan.to_json(), abstract, tuple(batch_argnums), donate,
                                compiler_options, [s.index for s in plan.stages if self.host_of[s.index] == h],
-                               expected, compiled.accumulate, self.transport)
+                               expected, compiled.accumulate, self.transport, options[h])
             for h, actor in self.actors.items()
-        ], timeout=step_timeout_s)
+        ], timeout=self.step_timeout_s)
         self.step_id = 0
         self._needed = {
             s.index: tuple(dict.fromkeys(
@@ -309,4 +330,6 @@ def _stage_error(err: Exception) -> Exception:
     cause = getattr(err, "cause", None)
     if isinstance(cause, StageError):
         return StageError(str(cause))
+    if cause is not None:
+        return StageError(f"a Ray host actor failed: {type(cause).__name__}: {cause}")
     return StageError(f"a Ray host actor failed: {err}")

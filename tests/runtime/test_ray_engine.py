@@ -145,3 +145,37 @@ def test_transport_names_and_nccl_without_a_gpu_are_clear_errors():
     graph = av.trace(step, params, batch)
     with pytest.raises(ValueError, match="unknown transport 'pigeon'"):
         av.parallelize(step, manual_plan(graph, av.Cluster.ray(2, 4)), engine="ray", transport="pigeon")
+
+
+@pytest.mark.slow
+def test_nccl_on_hosts_without_a_gpu_is_a_clear_error_naming_the_alternatives(local_ray):
+    step, params, batch = _model("mlp")
+    graph = av.trace(step, params, batch)
+    with pytest.raises(StageError, match=r"transport='nccl' needs cupy .* use transport='xla'"):
+        av.parallelize(step, _plan(graph, "2 stages, 4x1 then 1x4"), engine="ray", transport="nccl",
+                       example_args=(params, batch))
+
+
+def _gpus() -> int:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() if cupy.is_available() else 0
+    except Exception:
+        return 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpus() < 2, reason="the NCCL transport needs two CUDA GPUs (one per host actor)")
+def test_nccl_transport_between_two_gpu_hosts_matches_jit(local_ray):
+    step, params, batch = _model("mlp")
+    graph = av.trace(step, params, batch)
+    plan = manual_plan(graph, av.Cluster.ray(num_hosts=2, devices_per_host=1), stage_cuts=(2,),
+                       schedule=Schedule("1f1b", 2))
+    gpu_actor = {"num_gpus": 1, "runtime_env": {"env_vars": {"JAX_PLATFORMS": "cuda"}}}  # JAX on its GPU
+    parallel = av.parallelize(step, plan, engine="ray", transport="nccl", example_args=(params, batch),
+                              ray_options={"actor_options": gpu_actor})
+    try:
+        _run_against_jit(step, params, batch, parallel)
+    finally:
+        parallel.close()
