@@ -41,6 +41,15 @@ def _plan(graph, layout: str):
                        partition_specs=specs, schedule=Schedule("1f1b", 4))
 
 
+def _launch(model: str, layout: str, **options):
+    """The model, its plan on two hosts, and the step built for the Ray engine (close it when done)."""
+    step, params, batch = _model(model)
+    plan = _plan(av.trace(step, params, batch), layout)
+    parallel = av.parallelize(step, plan, engine="ray", example_args=(params, batch), compiler_options=FAST_COMPILE,
+                              **options)
+    return step, params, batch, plan, parallel
+
+
 def _run_against_jit(step, params, batch, parallel):
     ref = jax.jit(step, compiler_options=FAST_COMPILE)
     p_ref, p = params, params
@@ -58,14 +67,10 @@ def _run_against_jit(step, params, batch, parallel):
 @pytest.mark.parametrize("layout", ["2 stages, 4x1 then 1x4", "4 stages, two per host"])
 @pytest.mark.parametrize("model", ["gpt", "mlp"])
 def test_stages_on_two_hosts_match_jit(local_ray, model, layout, transport):
-    step, params, batch = _model(model)
-    graph = av.trace(step, params, batch)
-    plan = _plan(graph, layout)
-    hosts = [s.device_ids[0] // 4 for s in plan.stages]
-    assert hosts == ([0, 1] if plan.num_stages == 2 else [0, 0, 1, 1])
-    parallel = av.parallelize(step, plan, engine="ray", transport=transport, example_args=(params, batch),
-                              compiler_options=FAST_COMPILE)
+    step, params, batch, plan, parallel = _launch(model, layout, transport=transport)
     try:
+        hosts = [s.device_ids[0] // 4 for s in plan.stages]
+        assert hosts == ([0, 1] if plan.num_stages == 2 else [0, 0, 1, 1])
         engine = parallel._engine
         assert ray.get([a.num_devices.remote() for a in engine.actors.values()]) == [4, 4]
         if transport == "xla":  # one JAX world; the transfer sockets listen on Ray's node address only
@@ -82,11 +87,7 @@ def test_stages_on_two_hosts_match_jit(local_ray, model, layout, transport):
 
 @pytest.mark.slow
 def test_each_byte_crosses_the_host_boundary_once_and_the_receiver_completes_its_layout(local_ray):
-    step, params, batch = _model("gpt")
-    graph = av.trace(step, params, batch)
-    plan = _plan(graph, "2 stages, 4x1 then 1x4")
-    direct = av.parallelize(step, plan, engine="ray", example_args=(params, batch), compiler_options=FAST_COMPILE,
-                            ray_options={"tile_once": False})
+    step, params, batch, _, direct = _launch("gpt", "2 stages, 4x1 then 1x4", ray_options={"tile_once": False})
     try:
         once, each = direct._engine.crossing_bytes(tile_once=True), direct._engine.crossing_bytes()
         # stage 1 holds the activations and their gradients whole on each of its 4 devices: sent directly,
@@ -99,10 +100,7 @@ def test_each_byte_crosses_the_host_boundary_once_and_the_receiver_completes_its
 
 @pytest.mark.slow
 def test_a_host_actor_that_dies_gives_a_clear_error_and_the_params_are_untouched(local_ray):
-    step, params, batch = _model("mlp")
-    graph = av.trace(step, params, batch)
-    parallel = av.parallelize(step, _plan(graph, "2 stages, 4x1 then 1x4"), engine="ray",
-                              example_args=(params, batch), compiler_options=FAST_COMPILE)
+    _, params, batch, _, parallel = _launch("mlp", "2 stages, 4x1 then 1x4")
     before = [np.array(leaf) for leaf in jax.tree.leaves(params)]
     parallel(params, batch)
     ray.kill(parallel._engine.actors[1])
@@ -116,11 +114,7 @@ def test_a_host_actor_that_dies_gives_a_clear_error_and_the_params_are_untouched
 
 @pytest.mark.slow
 def test_a_transfer_that_never_arrives_names_the_stage_pair_and_tensor(local_ray):
-    step, params, batch = _model("mlp")
-    graph = av.trace(step, params, batch)
-    plan = _plan(graph, "2 stages, 4x1 then 1x4")
-    parallel = av.parallelize(step, plan, engine="ray", example_args=(params, batch), compiler_options=FAST_COMPILE,
-                              ray_options={"transfer_timeout_s": 3})
+    _, params, batch, _, parallel = _launch("mlp", "2 stages, 4x1 then 1x4", ray_options={"transfer_timeout_s": 3})
     try:
         parallel(params, batch)  # a step that works: both hosts' transfer servers are up
         engine = parallel._engine
@@ -149,11 +143,8 @@ def test_transport_names_and_nccl_without_a_gpu_are_clear_errors():
 
 @pytest.mark.slow
 def test_nccl_on_hosts_without_a_gpu_is_a_clear_error_naming_the_alternatives(local_ray):
-    step, params, batch = _model("mlp")
-    graph = av.trace(step, params, batch)
     with pytest.raises(StageError, match=r"transport='nccl' needs cupy .* use transport='xla'"):
-        av.parallelize(step, _plan(graph, "2 stages, 4x1 then 1x4"), engine="ray", transport="nccl",
-                       example_args=(params, batch))
+        _launch("mlp", "2 stages, 4x1 then 1x4", transport="nccl")
 
 
 def _gpus() -> int:
