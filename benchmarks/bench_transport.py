@@ -30,8 +30,7 @@ def _probe_class():
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from alpaviz.core.runtime._host_actor import HostActor, _wait_until_ready
-    from alpaviz.core.runtime._transport import make_transport
+    from alpaviz.core.runtime._host_actor import HostActor, _wait_until_ready, make_transport
 
     class Probe(HostActor):
         """A host actor that moves one test tensor with a chosen transport."""

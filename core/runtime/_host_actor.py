@@ -23,7 +23,7 @@ from alpaviz.core.runtime._compile import compile_step
 from alpaviz.core.runtime._cross_mesh import move_local
 from alpaviz.core.runtime._schedule import ONCE
 from alpaviz.core.runtime._stage_runner import StageError, StageRunner
-from alpaviz.core.runtime._transport import Transfer, make_transport
+from alpaviz.core.runtime._transport import ObjectStoreTransport, Transfer, XlaTransport, check_transport
 
 
 def free_port(address: str) -> int:
@@ -31,6 +31,19 @@ def free_port(address: str) -> int:
     with socket.socket() as sock:
         sock.bind((address, 0))
         return sock.getsockname()[1]
+
+
+def make_transport(name: str, **options: Any) -> Any:
+    """The actor-side backend for a transport name; NCCL's (`nccl_id`, `world_size`, `first_rank`) checks
+    for cupy and a GPU here, on the host that needs them."""
+    if name == "xla":
+        return XlaTransport()
+    if name == "object_store":
+        return ObjectStoreTransport()
+    check_transport(name)
+    from alpaviz.core.runtime._transport_nccl import NcclTransport  # cupy: GPU hosts only
+
+    return NcclTransport(**options)
 
 
 def _wait_until_ready(values: Any, timeout_s: float) -> None:

@@ -146,16 +146,3 @@ class ObjectStoreTransport:
 
     def step_done(self) -> None:
         pass
-
-
-def make_transport(name: str, **options: Any) -> Any:
-    """The actor-side backend for a transport name; NCCL's (`nccl_id`, `world_size`, `first_rank`) checks
-    for cupy and a GPU here, on the host that needs them."""
-    if name == "xla":
-        return XlaTransport()
-    if name == "object_store":
-        return ObjectStoreTransport()
-    check_transport(name)
-    from alpaviz.core.runtime._transport_nccl import NcclTransport  # cupy: GPU hosts only
-
-    return NcclTransport(**options)

@@ -16,6 +16,7 @@ ray = pytest.importorskip("ray")
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 STEPS = 3
+TWO_STAGES, FOUR_STAGES = "2 stages, 4x1 then 1x4", "4 stages, two per host"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def _model(name: str):
 def _plan(graph, layout: str):
     cluster = av.Cluster.ray(num_hosts=2, devices_per_host=4)
     specs = data_parallel_specs(graph)
-    if layout == "2 stages, 4x1 then 1x4":  # stage 1 holds the batch whole on each device: tile-once matters
+    if layout == TWO_STAGES:  # stage 1 holds the batch whole on each device: tile-once matters
         return manual_plan(graph, cluster, stage_cuts=(2,), logical_meshes=[(4, 1), (1, 4)],
                            partition_specs=specs, schedule=Schedule("1f1b", 2))
     return manual_plan(graph, cluster, stage_cuts=(1, 2, 3), logical_meshes=(2, 1), devices_per_stage=2,
@@ -63,9 +64,10 @@ def _run_against_jit(step, params, batch, parallel):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("transport", ["xla", "object_store"])
-@pytest.mark.parametrize("layout", ["2 stages, 4x1 then 1x4", "4 stages, two per host"])
-@pytest.mark.parametrize("model", ["gpt", "mlp"])
+@pytest.mark.parametrize("model, layout, transport", [
+    *[(m, layout, "xla") for m in ("gpt", "mlp") for layout in (TWO_STAGES, FOUR_STAGES)],
+    ("gpt", TWO_STAGES, "object_store"), ("mlp", FOUR_STAGES, "object_store"),  # the fallback, both layouts
+])
 def test_stages_on_two_hosts_match_jit(local_ray, model, layout, transport):
     step, params, batch, plan, parallel = _launch(model, layout, transport=transport)
     try:
@@ -87,7 +89,7 @@ def test_stages_on_two_hosts_match_jit(local_ray, model, layout, transport):
 
 @pytest.mark.slow
 def test_each_byte_crosses_the_host_boundary_once_and_the_receiver_completes_its_layout(local_ray):
-    step, params, batch, _, direct = _launch("gpt", "2 stages, 4x1 then 1x4", ray_options={"tile_once": False})
+    step, params, batch, _, direct = _launch("gpt", TWO_STAGES, ray_options={"tile_once": False})
     try:
         once, each = direct._engine.crossing_bytes(tile_once=True), direct._engine.crossing_bytes()
         # stage 1 holds the activations and their gradients whole on each of its 4 devices: sent directly,
@@ -100,7 +102,7 @@ def test_each_byte_crosses_the_host_boundary_once_and_the_receiver_completes_its
 
 @pytest.mark.slow
 def test_a_host_actor_that_dies_gives_a_clear_error_and_the_params_are_untouched(local_ray):
-    _, params, batch, _, parallel = _launch("mlp", "2 stages, 4x1 then 1x4")
+    _, params, batch, _, parallel = _launch("mlp", TWO_STAGES)
     before = [np.array(leaf) for leaf in jax.tree.leaves(params)]
     parallel(params, batch)
     ray.kill(parallel._engine.actors[1])
@@ -114,7 +116,7 @@ def test_a_host_actor_that_dies_gives_a_clear_error_and_the_params_are_untouched
 
 @pytest.mark.slow
 def test_a_transfer_that_never_arrives_names_the_stage_pair_and_tensor(local_ray):
-    _, params, batch, _, parallel = _launch("mlp", "2 stages, 4x1 then 1x4", ray_options={"transfer_timeout_s": 3})
+    _, params, batch, _, parallel = _launch("mlp", TWO_STAGES, ray_options={"transfer_timeout_s": 3})
     try:
         parallel(params, batch)  # a step that works: both hosts' transfer servers are up
         engine = parallel._engine
@@ -144,7 +146,7 @@ def test_transport_names_and_nccl_without_a_gpu_are_clear_errors():
 @pytest.mark.slow
 def test_nccl_on_hosts_without_a_gpu_is_a_clear_error_naming_the_alternatives(local_ray):
     with pytest.raises(StageError, match=r"transport='nccl' needs cupy .* use transport='xla'"):
-        _launch("mlp", "2 stages, 4x1 then 1x4", transport="nccl")
+        _launch("mlp", TWO_STAGES, transport="nccl")
 
 
 def _gpus() -> int:
