@@ -42,8 +42,9 @@ def _wait_for_port(port: int, server: subprocess.Popen, log: pathlib.Path, timeo
     pytest.fail(f"the panel app did not listen on port {port} within {timeout_s:.0f} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def app_url():
+    """One server for the module: every page it serves opens its own session on the first plan."""
     if not os.access(CHROMIUM, os.X_OK):
         pytest.fail(f"{CHROMIUM} is missing: run `make browser-deps` (apt-get install -y chromium) for the browser test")
     try:
