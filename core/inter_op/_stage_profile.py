@@ -385,8 +385,9 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
     blocked = range_sums(bad) > 0
     valid = np.triu(np.ones((num_layers + 1, num_layers + 1), bool), k=1)[:, :, None] & ~blocked
     meshes = table.meshes + tuple(dataclasses.replace(m, remat=True) for m in table.meshes)
-    cut_in = cut_transfer_times(table.forward_cut_bytes, meshes, cluster, cost_model)
-    cut_back = cut_transfer_times(table.backward_cut_bytes, meshes, cluster, cost_model)
+    # a recomputing stage receives like the same mesh keeping its activations: price each mesh once
+    cut_in = np.tile(cut_transfer_times(table.forward_cut_bytes, table.meshes, cluster, cost_model), (1, 1, 2))
+    cut_back = np.tile(cut_transfer_times(table.backward_cut_bytes, table.meshes, cluster, cost_model), (1, 1, 2))
     cut_in[:, 0] = cut_back[:, num_layers] = 0.0
     inf = np.inf
 

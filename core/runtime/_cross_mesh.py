@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import jax
 
+from alpaviz.core.cost import AXIS_NAMES
 from alpaviz.core.plan import Spec
 
 
@@ -37,13 +38,11 @@ def boundary_layout(shape: Sequence[int], senders: int, receivers: int) -> Bound
     Every process computes the same layout from the same arguments, which a
     transfer between two JAX processes needs.
     """
-    most = min(senders, receivers)
-    best = BoundaryLayout(None, 1)
-    for pieces in range(most, 1, -1):
+    for pieces in range(min(senders, receivers), 1, -1):
         for dim, size in enumerate(shape):
             if size % pieces == 0:
                 return BoundaryLayout(dim, pieces)
-    return best
+    return BoundaryLayout(None, 1)
 
 
 def move_local(values: Mapping[str, Any], shardings: Mapping[str, Any]) -> dict[str, Any]:
@@ -51,10 +50,10 @@ def move_local(values: Mapping[str, Any], shardings: Mapping[str, Any]) -> dict[
     return {name: jax.device_put(value, shardings[name]) for name, value in values.items()}
 
 
-def _replicas(spec: Spec, mesh_shape: Sequence[int], axis_names: Sequence[str] = ("x", "y")) -> int:
+def _replicas(spec: Spec, mesh_shape: Sequence[int]) -> int:
     """How many devices of the mesh hold each tile under `spec`."""
     used = {a for axes in spec for a in axes}
-    return math.prod(size for name, size in zip(axis_names, mesh_shape) if name not in used)
+    return math.prod(size for name, size in zip(AXIS_NAMES, mesh_shape) if name not in used)
 
 
 def boundary_bytes(nbytes: int, spec: Spec | None, mesh_shape: Sequence[int], tile_once: bool = True) -> int:

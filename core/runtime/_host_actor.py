@@ -21,9 +21,8 @@ import numpy as np
 from alpaviz.core.plan import Plan, graph_fingerprint
 from alpaviz.core.runtime._compile import compile_step
 from alpaviz.core.runtime._cross_mesh import move_local
-from alpaviz.core.runtime._schedule import ONCE
 from alpaviz.core.runtime._stage_runner import StageError, StageRunner
-from alpaviz.core.runtime._transport import ObjectStoreTransport, Transfer, XlaTransport, check_transport
+from alpaviz.core.runtime._transport import ObjectStoreTransport, Transfer, XlaTransport
 
 
 def free_port(address: str) -> int:
@@ -40,8 +39,7 @@ def make_transport(name: str, **options: Any) -> Any:
         return XlaTransport()
     if name == "object_store":
         return ObjectStoreTransport()
-    check_transport(name)
-    from alpaviz.core.runtime._transport_nccl import NcclTransport  # cupy: GPU hosts only
+    from alpaviz.core.runtime._transport_nccl import NcclTransport  # cupy (checked there): GPU hosts only
 
     return NcclTransport(**options)
 
@@ -155,16 +153,11 @@ class HostActor:
             jax.block_until_ready(produced)
         return start, time.time()
 
-    def _values(self, stage: int, tensors: Sequence[str], microbatch: int) -> dict[str, Any]:
-        runner = self.runners[stage]
-        return {t: (runner.step_values[t] if microbatch == ONCE else runner.mb_values[(t, microbatch)])
-                for t in tensors}
-
     def send(self, transfer: Transfer, record: bool) -> tuple[Any, tuple[float, float]]:
         """The sender's half across hosts: the payload the receiver's RECV gets (object store) or None."""
         start = time.time()
         src, _, _, _, microbatch = transfer.key
-        values = self._values(src, transfer.tensors, microbatch)
+        values = self.runners[src].values(transfer.tensors, microbatch)
         payload = self.transport.send(transfer, values)
         self.runners[src].sent(transfer.tensors, microbatch)
         if record and payload is None:
@@ -187,7 +180,7 @@ class HostActor:
         """A move between two stages of this host: one device_put each."""
         start = time.time()
         src, _, dst, _, microbatch = key
-        values = self._values(src, tensors, microbatch)
+        values = self.runners[src].values(tensors, microbatch)
         target = self.runners[dst]
         moved = move_local(values, {t: target.sharding(t) for t in values})
         self.runners[src].sent(tensors, microbatch)

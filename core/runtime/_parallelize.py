@@ -25,7 +25,7 @@ from alpaviz.core.plan import Plan
 from alpaviz.core.runtime._compile import CompiledStep, check_args, check_loss_reduction, compile_step
 from alpaviz.core.runtime._local_engine import LocalEngine
 from alpaviz.core.runtime._ray_engine import RayEngine
-from alpaviz.core.runtime._transport import TRANSPORTS
+from alpaviz.core.runtime._transport import check_transport_name
 from alpaviz.core.runtime._schedule import Program, build_instructions, interleave
 from alpaviz.core.runtime._stage_runner import StageError
 from alpaviz.core.runtime._timeline import Timeline
@@ -65,8 +65,7 @@ class ParallelStep:
     ) -> None:
         if engine not in ("local", "ray"):
             raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
-        if transport not in TRANSPORTS:
-            raise ValueError(f"unknown transport {transport!r}; use one of {', '.join(map(repr, TRANSPORTS))}")
+        check_transport_name(transport)
         if not callable(train_step):
             raise TypeError(f"train_step must be the step function, got {type(train_step).__name__}")
         if not isinstance(plan, Plan):

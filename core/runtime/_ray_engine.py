@@ -29,7 +29,7 @@ from alpaviz.core.runtime._host_actor import HostActor
 from alpaviz.core.runtime._schedule import ONCE, timeline_kind
 from alpaviz.core.runtime._stage_runner import StageError, entering_spec
 from alpaviz.core.runtime._timeline import TimelineEvent
-from alpaviz.core.runtime._transport import TRANSPORTS, Transfer
+from alpaviz.core.runtime._transport import Transfer, check_transport_name, expecting_hosts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,9 +63,7 @@ class RayEngine:
                  *, address: str | None = None, transport: str = "xla", tile_once: bool = True,
                  transfer_timeout_s: int = 120, step_timeout_s: float = 600.0,
                  init_kwargs: dict[str, Any] | None = None, actor_options: dict[str, Any] | None = None) -> None:
-        if transport not in TRANSPORTS:
-            raise ValueError(f"unknown transport {transport!r}; use one of {', '.join(map(repr, TRANSPORTS))}")
-        self.transport = transport  # the hosts check what their backend needs (cupy and a GPU for NCCL)
+        self.transport = check_transport_name(transport)  # the hosts check what their backend needs (NCCL: cupy, a GPU)
         if compiled.graph.input_parts or compiled.graph.output_parts:
             raise ValueError(
                 f"the step scans over stacked layer parameters ({compiled.graph.input_parts[0][0]}, ...), which the "
@@ -102,6 +100,7 @@ class RayEngine:
             ray.init(**kwargs)
         hosts = sorted(set(self.host_of))
         self.listen: list[str] = []  # where each host's cross-host transfer socket listens ("xla")
+        self._transfers: dict[tuple, Transfer] = {}  # per cross-host edge (a transfer key less its microbatch)
         # e.g. actor_options={"num_gpus": 1}: each host actor gets its GPUs (Ray hides GPUs not asked for)
         actor_cls = ray.remote(**{"num_cpus": 1, "max_restarts": 0, **(actor_options or {})})(HostActor)
         self.actors = {h: actor_cls.remote(h, per_host) for h in hosts}
@@ -155,18 +154,22 @@ class RayEngine:
 
     # ---- what crosses hosts ----------------------------------------------------------
     def transfer(self, key: tuple, tensors: Sequence[str]) -> Transfer:
-        """What a cross-host SEND along `key` moves, in the terms every actor computes its layout from."""
-        src, dst = self.plan.stages[key[0]], self.plan.stages[key[2]]
-        graph, aliases, specs = self.compiled.graph, dict(self.compiled.aliases), dict(dst.partition_specs)
-        infos = [graph.tensor(t) for t in tensors]
-        return Transfer(
-            key=key, tensors=tuple(tensors), shapes=tuple(tuple(i.shape) for i in infos),
-            dtypes=tuple(str(i.dtype) for i in infos),
-            src_devices=tuple(self._world[d] for d in src.device_ids),
-            dst_devices=tuple(self._world[d] for d in dst.device_ids),
-            dst_mesh_shape=tuple(dst.logical_mesh), dst_specs=tuple(entering_spec(specs, t, aliases) for t in tensors),
-            tile_once=self.tile_once,
-        )
+        """What a cross-host SEND along `key` moves, in the terms every actor computes its layout from
+        (worked out once per edge; each microbatch only changes the key)."""
+        edge = self._transfers.get(key[:4])
+        if edge is None:
+            src, dst = self.plan.stages[key[0]], self.plan.stages[key[2]]
+            graph, aliases, specs = self.compiled.graph, dict(self.compiled.aliases), dict(dst.partition_specs)
+            infos = [graph.tensor(t) for t in tensors]
+            edge = self._transfers[key[:4]] = Transfer(
+                key=key, tensors=tuple(tensors), shapes=tuple(tuple(i.shape) for i in infos),
+                dtypes=tuple(str(i.dtype) for i in infos),
+                src_devices=tuple(self._world[d] for d in src.device_ids),
+                dst_devices=tuple(self._world[d] for d in dst.device_ids),
+                dst_mesh_shape=tuple(dst.logical_mesh),
+                dst_specs=tuple(entering_spec(specs, t, aliases) for t in tensors), tile_once=self.tile_once,
+            )
+        return edge if edge.key == key else dataclasses.replace(edge, key=key)
 
     def crossing_bytes(self, tile_once: bool | None = None) -> int:
         """Bytes that cross a host boundary in one step: each tensor once (tile-once, and the object store,
@@ -178,9 +181,9 @@ class RayEngine:
         for ins in c.order:
             if ins.op == "send" and self.host_of[ins.peer] != self.host_of[ins.stage]:
                 t = self.transfer(ins.transfer_key, c.edge(ins).tensors)
-                for shape, dtype, spec in zip(t.shapes, t.dtypes, t.dst_specs):
-                    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-                    total += boundary_bytes(nbytes, spec, t.dst_mesh_shape, tile_once or not t.direct)
+                for name, spec in zip(t.tensors, t.dst_specs):
+                    total += boundary_bytes(c.graph.tensor(name).nbytes, spec, t.dst_mesh_shape,
+                                            tile_once or not t.direct)
         return total
 
     # ---- running -------------------------------------------------------------------------
@@ -268,12 +271,8 @@ class RayEngine:
                 payload, timing = actor.send.options(num_returns=2).remote(transfer, record)
                 timings.append((ins, timing))
                 pending[key] = (transfer, payload)
-                if self.transport != "object_store":  # the receive is posted at the send's place in the order
-                    others = [h for h in self.actors if h != self.host_of[ins.stage]]
-                    if self.transport != "xla":
-                        others = [self.host_of[ins.peer]]
-                    for h in others:
-                        self.actors[h].expect.remote(transfer)
+                for h in expecting_hosts(self.transport, self.host_of[ins.stage], self.host_of[ins.peer], self.actors):
+                    self.actors[h].expect.remote(transfer)
             elif ins.op == "recv":
                 transfer, payload = pending.pop(ins.transfer_key)
                 timings.append((ins, actor.recv.remote(ins.transfer_key, transfer, payload, record)))

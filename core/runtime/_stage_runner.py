@@ -123,9 +123,13 @@ class StageRunner:
 
     def take(self, edge: TensorEdge, microbatch: int) -> dict[str, Any]:
         """The values a SEND along `edge` carries."""
+        return self.values(edge.tensors, microbatch)
+
+    def values(self, tensors: Sequence[str], microbatch: int) -> dict[str, Any]:
+        """`tensors` as this stage holds them for `microbatch` (ONCE: the step's)."""
         if microbatch == ONCE:
-            return {t: self.step_values[t] for t in edge.tensors}
-        return {t: self.mb_values[(t, microbatch)] for t in edge.tensors}
+            return {t: self.step_values[t] for t in tensors}
+        return {t: self.mb_values[(t, microbatch)] for t in tensors}
 
     def give(self, values: Mapping[str, Any], microbatch: int, placed: bool = False) -> None:
         """Store what a RECV brought; `placed` values are already on this mesh."""

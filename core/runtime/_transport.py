@@ -19,14 +19,14 @@ global order on every host actor, so the two sides of each transfer meet:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from alpaviz.core.cost import AXIS_NAMES
-from alpaviz.core.runtime._cross_mesh import BoundaryLayout, boundary_layout
+from alpaviz.core.runtime._cross_mesh import BoundaryLayout, boundary_layout, move_local
 from alpaviz.core.runtime._stage_runner import partition_spec
 
 TransportName = Literal["xla", "object_store", "nccl"]
@@ -63,10 +63,25 @@ class Transfer:
         return boundary_layout(self.shapes[i], len(self.src_devices), len(self.dst_devices))
 
 
-def check_transport(transport: str) -> TransportName:
-    """Validate a transport name; NCCL needs cupy and a visible CUDA device."""
+def check_transport_name(transport: str) -> TransportName:
+    """A known transport name, or a clear error listing them (what the driver can check)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"unknown transport {transport!r}; use one of {', '.join(map(repr, TRANSPORTS))}")
+    return transport  # type: ignore[return-value]
+
+
+def expecting_hosts(transport: str, sender: int, receiver: int, hosts: Iterable[int]) -> list[int]:
+    """The hosts that post their half of a cross-host transfer at the send's place in the global order:
+    every other host for "xla" (XLA pairs transfers by their place in each process's sequence), the
+    receiver for "nccl", none for the object store (the receiver takes the payload at its RECV)."""
+    if transport == "xla":
+        return [h for h in hosts if h != sender]
+    return [receiver] if transport == "nccl" else []
+
+
+def check_transport(transport: str) -> TransportName:
+    """Validate a transport name; NCCL needs cupy and a visible CUDA device (checked where it runs)."""
+    check_transport_name(transport)
     if transport == "nccl":
         try:
             import cupy
@@ -87,8 +102,6 @@ class XlaTransport:
     """Cross-host `device_put` inside one JAX world; the receiver completes its layout on its own mesh."""
 
     name = "xla"
-    posts_receive_with_send = True  # the receive is posted at the send's place in the global order
-    every_process_takes_part = True
 
     def __init__(self) -> None:
         self._in_flight: list[Any] = []  # the sender's halves, kept alive until the step ends
@@ -125,7 +138,7 @@ class XlaTransport:
 
     def receive(self, transfer: Transfer, arrived: Mapping[str, Any], dst_shardings: Mapping[str, Any]) -> dict[str, Any]:
         """Complete the receiver's layout inside its mesh (the local all-gather)."""
-        return {t: jax.device_put(arrived[t], dst_shardings[t]) for t in transfer.tensors}
+        return move_local({t: arrived[t] for t in transfer.tensors}, dst_shardings)
 
     def step_done(self) -> None:
         self._in_flight = []
@@ -135,14 +148,12 @@ class ObjectStoreTransport:
     """numpy through Ray's object store: the whole tensor crosses once, through host memory."""
 
     name = "object_store"
-    posts_receive_with_send = False
-    every_process_takes_part = False
 
     def send(self, transfer: Transfer, values: Mapping[str, Any]) -> dict:
         return {t: np.asarray(values[t]) for t in transfer.tensors}
 
     def receive(self, transfer: Transfer, arrived: Mapping[str, Any], dst_shardings: Mapping[str, Any]) -> dict[str, Any]:
-        return {t: jax.device_put(arrived[t], dst_shardings[t]) for t in transfer.tensors}
+        return move_local({t: arrived[t] for t in transfer.tensors}, dst_shardings)
 
     def step_done(self) -> None:
         pass

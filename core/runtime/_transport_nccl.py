@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from alpaviz.core.runtime._cross_mesh import move_local
 from alpaviz.core.runtime._transport import Transfer, check_transport
 
 
@@ -35,8 +36,6 @@ class NcclTransport:
     """Slabs between GPUs over NCCL; a receiver's slabs become one JAX array on its boundary layout."""
 
     name = "nccl"
-    posts_receive_with_send = True
-    every_process_takes_part = False
 
     def __init__(self, nccl_id: tuple, world_size: int, first_rank: int) -> None:
         """This process's devices are ranks `first_rank`, `first_rank + 1`, ... of `world_size`."""
@@ -108,9 +107,8 @@ class NcclTransport:
                 with self._cupy.cuda.Device(self._device_of[rank].local_hardware_id):
                     self._cupy.cuda.get_current_stream().synchronize()
                     slabs.append(jax.dlpack.from_dlpack(buffer))
-            whole = jax.make_array_from_single_device_arrays(transfer.shapes[i], sharding, slabs)
-            out[t] = jax.device_put(whole, dst_shardings[t])
-        return out
+            out[t] = jax.make_array_from_single_device_arrays(transfer.shapes[i], sharding, slabs)
+        return move_local(out, dst_shardings)
 
     def step_done(self) -> None:
         for rank, device in self._device_of.items():
