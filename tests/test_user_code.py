@@ -180,3 +180,128 @@ def test_optax_adam_moments_are_update_operators():
     graph = av.trace(train_step, params, tx.init(params), jnp.ones((8, 4)))
     muls = [n for n in graph.nodes if n.primitive == "mul" and n.role != "backward"]
     assert muls and all(n.role == "update" for n in muls)
+
+
+# ---- microbatching that is exact for any loss, or refused ------------------------------------------
+
+
+def _two_stage(made, num_microbatches, cut=2, **schedule):
+    graph = av.cluster_layers(av.trace(made.step, *made.args), LAYERS)
+    return av.manual_plan(graph, av.Cluster.local(), stage_cuts=(cut,),
+                          schedule=Schedule("1f1b", num_microbatches, **schedule))
+
+
+@pytest.mark.parametrize("num_microbatches", [1, 2, 4])
+@pytest.mark.parametrize("name", ["masked_lm", "weight_decay_in_loss"])
+def test_token_normalised_and_penalised_losses_match_jit_at_every_count(name, num_microbatches):
+    made = CASES[name]()
+    assert relative_error(run_parallel(made, _two_stage(made, num_microbatches)), run_jit(made)) <= 1e-5
+
+
+def test_the_token_count_is_taken_once_and_the_loss_tail_runs_once_per_step():
+    made = CASES["masked_lm"]()
+    step = av.parallelize(made.step, _two_stage(made, 4), example_args=made.args)
+    graph = step.compiled.graph
+    assert len(step.compiled.whole) >= 2  # sum(mask) for the loss, for the accuracy and the count
+    tail = {n.primitive for n in graph.nodes if n.role == "update" and n.layer == graph.num_layers - 1}
+    assert {"div", "exp"} <= tail  # loss = numerator / count and the perplexity, on the summed partials
+    outs, expected = run_parallel(made, _two_stage(made, 4)), run_jit(made)
+    for ours, theirs in zip(outs, expected):
+        assert int(ours[1]["num_tokens"]) == int(theirs[1]["num_tokens"]) == 37
+        assert int(ours[1]["num_correct"]) == int(theirs[1]["num_correct"])
+        assert ours[1]["num_tokens"].dtype == jnp.int32
+    assert int(outs[-1][0].step) == 3  # av.next_step_args advanced TrainState.create's Python-int step
+
+
+def test_a_key_made_inside_the_step_draws_the_masks_jit_draws():
+    params, x = {"w": jnp.linspace(-1, 1, 32).reshape(8, 4)}, jnp.linspace(0, 1, 64).reshape(8, 8)
+
+    def train_step(params, x):
+        def loss_fn(params):
+            keep = jax.random.bernoulli(jax.random.key(0), 0.5, x.shape)  # made inside the step
+            return jnp.mean((jnp.where(keep, x / 0.5, 0.0) @ params["w"]) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+    from user_models import Case
+    made = Case("key_inside", train_step, (params, x), av.next_step_args)
+    plan = av.manual_plan(av.trace(train_step, params, x), av.Cluster.local(), schedule=Schedule("1f1b", 4))
+    assert relative_error(run_parallel(made, plan), run_jit(made)) <= 1e-5
+
+
+def test_bf16_compute_with_fp32_masters_runs_to_bf16_precision():
+    from user_models import bf16_mlp
+    made = bf16_mlp()
+    plan = av.manual_plan(av.trace(made.step, *made.args), av.Cluster.local(), schedule=Schedule("1f1b", 4))
+    # Each microbatch rounds its weight gradients to bf16 once more than the global batch does (2^-8 = 0.4%).
+    assert relative_error(run_parallel(made, plan), run_jit(made)) <= 3e-2
+    single = av.manual_plan(av.trace(made.step, *made.args), av.Cluster.local(), schedule=Schedule("1f1b", 1))
+    assert relative_error(run_parallel(made, single), run_jit(made)) <= 1e-5
+
+
+def test_batchnorm_statistics_are_refused_with_the_module_or_kept_exact_or_per_microbatch_on_request():
+    from user_models import batchnorm_cnn
+    made = batchnorm_cnn()
+    with pytest.raises(StepStructureError, match=r"BatchNorm_0.*BatchNorm's mean.*num_microbatches=1.*per_microbatch"):
+        av.parallelize(made.step, _two_stage(made, 2), example_args=made.args)
+    assert relative_error(run_parallel(made, _two_stage(made, 1)), run_jit(made)) <= 1e-5
+
+    ghost = _two_stage(made, 2).with_batch_statistics("per_microbatch")
+    assert "batch statistics per microbatch" in ghost.summary()
+    assert av.Plan.from_json(ghost.to_json()).schedule.batch_statistics == "per_microbatch"
+    _, metrics = av.parallelize(made.step, ghost).fetch(av.parallelize(made.step, ghost)(*made.args))
+    state, batch = made.args
+    halves = [jax.jit(made.step)(state, jax.tree.map(lambda x, k=k: x[4 * k:4 * k + 4], batch))[1]["loss"]
+              for k in range(2)]
+    assert float(metrics["loss"]) == pytest.approx(float(sum(halves)) / 2, rel=1e-5)  # each half its own stats
+
+
+def _regression_step(loss_of_errors):
+    params, x = jnp.linspace(-1, 1, 12).reshape(4, 3), jnp.linspace(0, 1, 32).reshape(8, 4)
+
+    def train_step(params, x):
+        loss, grad = jax.value_and_grad(lambda p: loss_of_errors(x @ p - 1.0))(params)
+        return params - 0.1 * grad, loss
+
+    return train_step, params, x
+
+
+@pytest.mark.parametrize("loss, match", [
+    (lambda e: jnp.sqrt(jnp.mean(e ** 2)), r"gradient needs the sum over the whole batch.*reads it.*not linear"),
+    (lambda e: jnp.mean(jax.nn.log_softmax(e @ e.T)), r"pairs examples with each other"),
+    (lambda e: jnp.max(jnp.sum(e, axis=1)), r"reduce_max.*only sums combine exactly"),
+], ids=["rmse", "batch_by_batch_similarity", "max_over_the_batch"])
+def test_steps_microbatching_cannot_keep_exact_are_refused_with_the_line(loss, match):
+    train_step, params, x = _regression_step(loss)
+    plan = av.manual_plan(av.trace(train_step, params, x), av.Cluster.local(), schedule=Schedule("1f1b", 2))
+    with pytest.raises(StepStructureError, match=match) as refused:
+        av.parallelize(train_step, plan, example_args=(params, x))
+    assert "test_user_code.py:" in str(refused.value)  # the user's line
+    single = av.manual_plan(av.trace(train_step, params, x), av.Cluster.local(), schedule=Schedule("1f1b", 1))
+    assert relative_error(av.parallelize(train_step, single)(params, x), jax.jit(train_step)(params, x)) <= 1e-5
+
+
+def test_an_integer_metric_that_cannot_be_averaged_is_named_by_its_path():
+    def train_step(params, batch):
+        loss, grad = jax.value_and_grad(lambda p: jnp.mean((batch["x"] @ p) ** 2))(params)
+        return params - 0.1 * grad, {"loss": loss, "num_positive": jnp.sum((batch["x"] @ params) > 0)}
+
+    params, batch = jnp.ones((4, 2)), {"x": jnp.linspace(-1, 1, 32).reshape(8, 4)}
+    plan = av.manual_plan(av.trace(train_step, params, batch), av.Cluster.local(), schedule=Schedule("1f1b", 2))
+    outs = av.parallelize(train_step, plan)(params, batch)  # derived: an integer count adds up exactly
+    assert int(outs[1]["num_positive"]) == int(jax.jit(train_step)(params, batch)[1]["num_positive"])
+    with pytest.raises(ValueError, match=r"output \[1\]\['num_positive'\] \(int32\).*cannot be combined by mean"):
+        av.parallelize(train_step, plan, loss_reduction="mean")(params, batch)
+
+
+def test_a_whole_equinox_model_as_argument_is_refused_with_the_leaf_and_the_partition_fix():
+    import equinox as eqx
+    model = eqx.nn.MLP(4, 2, 8, 2, key=jax.random.key(0))
+
+    def train_step(model, x):
+        grads = eqx.filter_grad(lambda m: jnp.mean(jax.vmap(m)(x) ** 2))(model)
+        return eqx.apply_updates(model, jax.tree.map(lambda g: -0.1 * g, grads))
+
+    with pytest.raises(TypeError, match=r"argument leaf model\.activation is custom_jvp.*eqx\.partition"):
+        av.trace(train_step, model, jnp.ones((8, 4)))

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from flax.training import train_state
 
 import alpaviz as av
 
@@ -219,6 +220,125 @@ def dropout_mlp() -> Case:
     return Case("dropout_mlp", train_step, (params, opt_state, x, jax.random.key(8)), next_args)
 
 
+# ---- a padded LM batch, a token-normalised loss and a metrics dict, in a Flax TrainState -----------
+
+
+def _padded_tokens(seed: int) -> dict[str, jax.Array]:
+    lengths = jnp.array([8, 3, 5, 1, 8, 2, 6, 4])[:BATCH]
+    return {**_tokens(seed), "mask": (jnp.arange(SEQ)[None, :] < lengths[:, None]).astype(jnp.float32)}
+
+
+def masked_lm() -> Case:
+    """`sum(ce * mask) / sum(mask)`, as t5x, MaxText and the Flax examples write an LM loss.
+
+    SGD with momentum, not Adam: the gradients match jax.jit's to the float floor of summing microbatches
+    (4e-7), and Adam's g / (|g| + eps) turns that into 1e-4 on weights whose gradient is near eps.
+    """
+    model, batch = LinenLM(blocks=2), _padded_tokens(4)
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.1, momentum=0.9))
+    state = train_state.TrainState.create(apply_fn=model.apply, params=model.init(jax.random.key(5), batch["x"]),
+                                          tx=tx)
+
+    def train_step(state, batch):
+        def loss_fn(params):
+            logits = state.apply_fn(params, batch["x"])
+            ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
+            return jnp.sum(ce * batch["mask"]) / jnp.sum(batch["mask"]), logits
+
+        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        correct = (jnp.argmax(logits, -1) == batch["y"]) * batch["mask"]
+        metrics = {
+            "loss": loss,
+            "accuracy": jnp.sum(correct) / jnp.sum(batch["mask"]),
+            "num_tokens": jnp.sum(batch["mask"].astype(jnp.int32)),
+            "num_correct": jnp.sum(correct.astype(jnp.int32)),
+            "perplexity": jnp.exp(loss),
+            "grad_norm": optax.global_norm(grads),
+        }
+        return state.apply_gradients(grads=grads), metrics
+
+    return Case("masked_lm", train_step, (state, batch), av.next_step_args)
+
+
+def weight_decay_in_loss() -> Case:
+    """A mean loss plus an L2 penalty on the weights: the penalty counts once per step, not per microbatch."""
+    model, batch, tx = LinenLM(blocks=2), _tokens(6), optax.sgd(0.1, momentum=0.9)
+    params = model.init(jax.random.key(7), batch["x"])
+
+    def train_step(params, opt_state, batch):
+        def loss_fn(params):
+            ce = optax.softmax_cross_entropy_with_integer_labels(model.apply(params, batch["x"]), batch["y"])
+            return ce.mean() + 1e-2 * sum(jnp.sum(w ** 2) for w in jax.tree.leaves(params))
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return Case("weight_decay_in_loss", train_step, (params, tx.init(params), batch), av.next_step_args)
+
+
+# ---- bf16 compute with fp32 master weights ----------------------------------------------------------
+
+
+def bf16_mlp() -> Case:
+    """Masters in fp32, cast to bf16 inside the loss, as most accelerator training does."""
+    k = jax.random.split(jax.random.key(8), 4)
+    params = {"w1": jax.random.normal(k[0], (16, 32)) * 0.3, "w2": jax.random.normal(k[1], (32, 32)) * 0.2,
+              "w3": jax.random.normal(k[2], (32, 4)) * 0.2}
+    batch = {"x": jax.random.normal(k[3], (BATCH, 16)), "y": jnp.linspace(-1, 1, BATCH * 4).reshape(BATCH, 4)}
+    tx = optax.sgd(0.1, momentum=0.9)
+
+    def train_step(params, opt_state, batch):
+        def loss_fn(params):
+            p = jax.tree.map(lambda w: w.astype(jnp.bfloat16), params)
+            h = jax.nn.relu(batch["x"].astype(jnp.bfloat16) @ p["w1"])
+            h = jax.nn.relu(h @ p["w2"])
+            return jnp.mean(((h @ p["w3"]).astype(jnp.float32) - batch["y"]) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return Case("bf16_mlp", train_step, (params, tx.init(params), batch), av.next_step_args)
+
+
+# ---- Flax linen BatchNorm in a TrainState subclass ----------------------------------------------
+
+
+class BatchNormCNN(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool):
+        for width in (8, 8):
+            x = nn.relu(nn.BatchNorm(use_running_average=not train)(nn.Conv(width, (3, 3))(x)))
+        return nn.Dense(10)(x.mean(axis=(1, 2)))
+
+
+class BatchNormState(train_state.TrainState):
+    batch_stats: Any
+
+
+def batchnorm_cnn() -> Case:
+    model = BatchNormCNN()
+    k1, k2 = jax.random.split(jax.random.key(9))
+    batch = {"image": jax.random.normal(k1, (BATCH, 8, 8, 3)), "label": jax.random.randint(k2, (BATCH,), 0, 10)}
+    variables = model.init(jax.random.key(10), batch["image"], train=False)
+    state = BatchNormState.create(apply_fn=model.apply, params=variables["params"],
+                                  batch_stats=variables["batch_stats"], tx=optax.sgd(0.1, momentum=0.9))
+
+    def train_step(state, batch):
+        def loss_fn(params):
+            logits, updates = state.apply_fn({"params": params, "batch_stats": state.batch_stats}, batch["image"],
+                                             train=True, mutable=["batch_stats"])
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+            return loss, (logits, updates)
+
+        (loss, (logits, updates)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        state = state.apply_gradients(grads=grads).replace(batch_stats=updates["batch_stats"])
+        return state, {"loss": loss, "accuracy": jnp.mean(jnp.argmax(logits, -1) == batch["label"])}
+
+    return Case("batchnorm_cnn", train_step, (state, batch), av.next_step_args)
+
+
 # ---- running a case: jax.jit on the global batch against a plan --------------------------------
 
 
@@ -252,4 +372,5 @@ def relative_error(ours, theirs) -> float:
     return worst
 
 
-CASES = {f.__name__: f for f in (linen_lm, nnx_lm, equinox_cnn, remat_mlp, dropout_mlp)}
+CASES = {f.__name__: f for f in (linen_lm, nnx_lm, equinox_cnn, remat_mlp, dropout_mlp, masked_lm,
+                                 weight_decay_in_loss)}

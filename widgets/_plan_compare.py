@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from alpaviz.core import Plan
+from alpaviz.core import Plan, Schedule
 from alpaviz.core.plan import format_bytes
 
 
@@ -36,8 +36,7 @@ def plan_diff(before: Plan, after: Plan) -> tuple[PlanChange, ...]:
         changes.append(PlanChange("peak memory per device", format_bytes(b.max_memory_bytes),
                                   format_bytes(a.max_memory_bytes)))
     if before.schedule != after.schedule:
-        changes.append(PlanChange("schedule", f"{before.schedule.kind} x {before.schedule.num_microbatches}",
-                                  f"{after.schedule.kind} x {after.schedule.num_microbatches}"))
+        changes.append(PlanChange("schedule", _schedule_text(before.schedule), _schedule_text(after.schedule)))
     if before.stage_cuts != after.stage_cuts:
         changes.append(PlanChange("cuts before layers", ", ".join(map(str, before.stage_cuts)) or "none",
                                   ", ".join(map(str, after.stage_cuts)) or "none"))
@@ -117,3 +116,8 @@ def comparison_html(rows: Sequence[ComparisonRow]) -> str:
                  f"<td>{html.escape(r.stages)}</td></tr>")
     return ("<table style='border-collapse:collapse'><tr><th>plan</th><th>step ms</th><th>vs fastest</th>"
             f"{head}<th>peak memory</th><th>stages</th></tr>{body}</table>")
+
+
+def _schedule_text(schedule: Schedule) -> str:
+    stats = ", batch statistics per microbatch" if schedule.batch_statistics == "per_microbatch" else ""
+    return f"{schedule.kind} x {schedule.num_microbatches}{stats}"

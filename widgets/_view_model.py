@@ -13,6 +13,7 @@ import re
 from typing import Iterable, Literal, Sequence
 
 from alpaviz.core import MemoryBreakdown, OpGraph, Pins, Plan, Spec, shard_shape, spec_name
+from alpaviz.core.graph import user_scope
 from alpaviz.core.plan import format_bytes
 
 CutPin = Literal["cut", "no_cut"] | None
@@ -56,28 +57,6 @@ def format_seconds(seconds: float) -> str:
         if seconds >= scale:
             return f"{seconds / scale:.3g} {unit}"
     return f"{seconds / 1e-9:.3g} ns"
-
-
-_TRANSFORM = re.compile(r"^(?:jvp|transpose|vmap|jit|pjit|remat|checkpoint|custom_jvp|custom_vjp)\((.*)\)$")
-
-
-def user_scope(node) -> str:
-    """Where an operator comes from in the user's code: its module path with JAX's transforms taken off
-    (`jvp(LinenLM)/_Block_0/Dense_0` -> `LinenLM/_Block_0/Dense_0`), or, for plain functions whose name
-    stack holds only transforms, the function and line that made it (`attention (_gpt.py:83)`)."""
-    parts = []
-    for segment in node.scope.split("/"):
-        while (found := _TRANSFORM.match(segment)) is not None:
-            segment = found.group(1)
-        if segment:
-            parts.append(segment)
-    if parts:
-        return "/".join(parts)
-    where = re.match(r"^(.*?):(\d+)(?::\d+)? \((.*)\)$", node.source)
-    if where is None:
-        return node.source
-    path, line, function = where.groups()
-    return f"{function} ({path.rsplit('/', 1)[-1]}:{line})"
 
 
 def split_ways(strategy: str, logical_mesh: tuple[int, int]) -> int:
@@ -510,7 +489,8 @@ def header_items(graph: OpGraph, plan: Plan, bubble: float | None = None) -> tup
     memory_share = p.max_memory_bytes / limit if limit and math.isfinite(limit) else None
     return (
         HeaderItem("step time", f"{step * 1e3:.4g} ms", f"{plan.schedule.num_microbatches} microbatches, "
-                   f"{plan.schedule.kind}, on {plan.cluster.name}"),
+                   f"{plan.schedule.kind}, on {plan.cluster.name}"
+                   + (", batch statistics per microbatch" if plan.schedule.batch_statistics == "per_microbatch" else "")),
         HeaderItem("throughput", f"{per_device / 1e12:.3g} TFLOP/s", f"per device, {per_device / peak:.0%} of the "
                    f"{dtype or 'default'} peak"),
         HeaderItem("bubble", f"{(p.bubble_s / step if bubble is None else bubble):.0%}" if step else "n/a",

@@ -34,10 +34,18 @@ from alpaviz.core.graph._residuals import RECOMPUTABLE as RECOMPUTABLE
 from alpaviz.core.graph._residuals import recompute_chain as recompute_chain
 from alpaviz.core.graph._residuals import stored_residuals as stored_residuals
 from alpaviz.core.graph._microbatch import microbatch_args as microbatch_args
+from alpaviz.core.graph._microbatch_combine import MicrobatchCombination as MicrobatchCombination
+from alpaviz.core.graph._microbatch_combine import batch_shaped_draws as batch_shaped_draws
+from alpaviz.core.graph._microbatch_combine import combine_microbatches as combine_microbatches
+from alpaviz.core.graph._scope import user_scope as user_scope
 from alpaviz.core.graph._microbatch import split_microbatch as split_microbatch
 
 __all__ = [
+    "batch_shaped_draws",
     "check_int",
+    "combine_microbatches",
+    "MicrobatchCombination",
+    "user_scope",
     "check_number",
     "as_function",
     "assign_backward_layers",

@@ -40,7 +40,12 @@ def dtype_itemsize(name: str) -> int:
 
 
 def is_float_dtype(name: str) -> bool:
-    return not name.startswith("key<") and bool(np.issubdtype(np.dtype(name), np.inexact))
+    """Floating point, bf16, fp16 and fp8 included (numpy alone does not count ml_dtypes as inexact)."""
+    if name.startswith("key<"):
+        return False
+    import jax.numpy as jnp  # lazy: the graph's data model is plain numpy
+
+    return bool(jnp.issubdtype(np.dtype(name), jnp.floating) or jnp.issubdtype(np.dtype(name), jnp.complexfloating))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +149,17 @@ class OpGraph:
     def output_tensors(self) -> frozenset[str]:
         """What the step returns, with the parts of stacked outputs: every tensor a task must hand back."""
         return frozenset(self.outputs) | frozenset(p for _, parts in self.output_parts for p in parts)
+
+    @cached_property
+    def output_paths(self) -> Mapping[str, str]:
+        """Output tensor -> where it sits in the step's returned pytree (`[2]['num_tokens']`), for messages."""
+        if self.out_tree is None:
+            return {}
+        import jax  # lazy: the graph's data model is plain data
+
+        tree = jax.tree.unflatten(self.out_tree, list(range(len(self.outputs))))
+        found = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {self.outputs[i]: jax.tree_util.keystr(path) or "the result" for path, i in found}
 
     @cached_property
     def node_by_name(self) -> Mapping[str, OpNode]:

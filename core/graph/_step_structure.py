@@ -237,8 +237,17 @@ def _top_level(tree: Any) -> list[Any]:
 
 
 def _signature(tree: Any) -> tuple:
+    """Structure and leaf shapes and dtypes; a Python scalar counts as the 0-d array JAX makes of it (a Flax
+    `TrainState.create` holds `step=0`, the step returns an int32 array)."""
     leaves, treedef = jax.tree.flatten(tree)
-    return (treedef, tuple((tuple(np.shape(x)), str(getattr(x, "dtype", type(x)))) for x in leaves))
+    return (treedef, tuple(_leaf_signature(x) for x in leaves))
+
+
+def _leaf_signature(x: Any) -> tuple:
+    if isinstance(x, (bool, int, float, complex)) or hasattr(x, "dtype"):
+        dtype = getattr(x, "dtype", None)
+        return tuple(np.shape(x)), str(dtype if dtype is not None else jax.numpy.result_type(x))
+    return (), type(x).__name__
 
 
 def state_inputs(graph: OpGraph) -> frozenset[str]:

@@ -53,6 +53,7 @@ def trace(
         >>> graph = av.trace(train_step, params, opt_state, batch)
         >>> print(graph.summary())
     """
+    _check_array_leaves(fn, example_args)
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
     builder = _GraphBuilder()
     input_names = _input_names(fn, example_args)
@@ -105,6 +106,19 @@ def _leaves_of(args: tuple[Any, ...], argnums: Sequence[int], names: Sequence[st
     counts = [len(jax.tree.leaves(a)) for a in args]
     starts = np.cumsum([0, *counts])
     return tuple(names[j] for i in sorted(argnums) for j in range(starts[i], starts[i + 1]))
+
+
+def _check_array_leaves(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Every argument leaf must be an array or a number: say which is not, and how to pass it."""
+    names = _input_names(fn, args)
+    for name, leaf in zip(names, jax.tree.leaves(args)):
+        if isinstance(leaf, (bool, np.bool_)) or not (hasattr(leaf, "dtype") or isinstance(leaf, (int, float, complex))):
+            raise TypeError(
+                f"argument leaf {name} is {type(leaf).__name__} {leaf!r:.60}, not an array: the step is traced "
+                f"like jax.jit, which takes arrays only. For an Equinox module pass its arrays and close over "
+                f"the rest (params, static = eqx.partition(model, eqx.is_array); step(params, ...) calls "
+                f"eqx.combine(params, static)); for other Python values, close over them in the step"
+            )
 
 
 def _input_names(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[str]:

@@ -23,6 +23,11 @@ from alpaviz.core.plan._spec import Spec, check_spec, spec_name
 
 SCHEMA_VERSION = 1
 ScheduleKind = Literal["1f1b", "gpipe"]
+# How a statistic over the batch (BatchNorm's mean and variance) is taken when the batch is split into
+# microbatches: over the global batch (a step whose statistics feed back into per-example work is then
+# refused with several microbatches), or per microbatch (ghost batch norm: each microbatch its own).
+BatchStatistics = Literal["global", "per_microbatch"]
+BATCH_STATISTICS: tuple[str, ...] = ("global", "per_microbatch")
 SCHEDULE_KINDS: tuple[str, ...] = ("1f1b", "gpipe")
 MAX_MICROBATCHES = 1 << 16  # far beyond any real pipeline; keeps a hostile plan from exhausting memory
 SolverStatus = Literal["optimal", "time_limited", "pinned", "heuristic"]
@@ -134,15 +139,21 @@ class Stage:
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """Pipeline schedule and microbatch count."""
+    """Pipeline schedule, microbatch count, and how batch statistics are taken (see `BatchStatistics`)."""
 
     kind: ScheduleKind = "1f1b"
     num_microbatches: int = 1
+    batch_statistics: BatchStatistics = "global"
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULE_KINDS:
             raise ValueError(f"schedule kind must be one of {list(SCHEDULE_KINDS)}, got {self.kind!r}")
         check_int("num_microbatches", self.num_microbatches, minimum=1, maximum=MAX_MICROBATCHES)
+        if self.batch_statistics not in BATCH_STATISTICS:
+            raise ValueError(
+                f"batch_statistics must be one of {list(BATCH_STATISTICS)}, got {self.batch_statistics!r}: "
+                f"'global' keeps jax.jit's numbers, 'per_microbatch' normalises each microbatch by its own"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,7 +319,8 @@ class Plan:
         p = self.predicted
         lines = [
             f"Plan for {self.model!r} on {self.cluster.name} ({self.cluster.num_devices} devices), "
-            f"{self.schedule.kind} x {self.schedule.num_microbatches} microbatches",
+            f"{self.schedule.kind} x {self.schedule.num_microbatches} microbatches"
+            + (", batch statistics per microbatch" if self.schedule.batch_statistics == "per_microbatch" else ""),
             f"  predicted step {p.step_time_s * 1e3:.3f} ms  (compute {p.compute_s * 1e3:.3f}, comm "
             f"{p.communication_s * 1e3:.3f}, reshard {p.resharding_s * 1e3:.3f}, cross-stage "
             f"{p.cross_stage_s * 1e3:.3f}, bubble {p.bubble_s * 1e3:.3f} ms)",
@@ -336,6 +348,10 @@ class Plan:
     def with_pins(self, pins: Pins) -> "Plan":
         """The same plan recording other pins (re-solve to honour them)."""
         return dataclasses.replace(self, pins=pins)
+
+    def with_batch_statistics(self, how: BatchStatistics) -> "Plan":
+        """The same plan taking batch statistics `how` ("per_microbatch": ghost batch norm, recorded here)."""
+        return dataclasses.replace(self, schedule=dataclasses.replace(self.schedule, batch_statistics=how))
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(to_jsonable(self), indent=indent)

@@ -16,7 +16,10 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from alpaviz.core.graph import OpGraph, dtype_name, evaluate, microbatch_args, tensors_depending_on, trace
+from alpaviz.core.graph import (
+    MicrobatchCombination, OpGraph, batch_shaped_draws, combine_microbatches, dtype_name, evaluate, microbatch_args,
+    trace,
+)
 from alpaviz.core.intra_op import validate_plan
 from alpaviz.core.plan import Plan, check_spec, graph_fingerprint
 from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge, analyze
@@ -38,10 +41,13 @@ class CompiledStep:
     batch_argnums: tuple[int, ...] = ()
     # (input name, shape, dtype) of every argument leaf at the global batch: each call is checked against it
     arg_specs: tuple[tuple[str, tuple[int, ...], str], ...] = ()
-    accumulate: str = "mean"
+    accumulate: str = "sum"
     # Batch-shaped values the step makes without reading the batch (dropout masks drawn from a key): made
     # once per step at the global batch by `generator`, then split into microbatches like the batch.
     generated: tuple[str, ...] = ()
+    # Values of the batch alone that stand for all of it (a token count `sum(mask)`): made once per step at
+    # the global batch by `generator` and read whole by every microbatch.
+    whole: tuple[str, ...] = ()
     generator: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @functools.cached_property
@@ -64,10 +70,11 @@ def compile_step(
     """Trace `train_step` at microbatch size and cut it into the plan's tasks and instruction lists.
 
     `batch_argnums=None` takes the batch arguments the trace found.
-    `loss_reduction` says how gradients and scalar outputs of microbatches
-    combine: "mean" (a loss averaged over the batch), "sum", or "auto": a
-    mean when the step divides by a constant that scales with the batch
-    size, a sum when no constant does.
+    `loss_reduction="auto"` derives from the dataflow how microbatch results
+    combine into `jax.jit`'s numbers, or refuses the step
+    (`combine_microbatches`); "mean" or "sum" instead average or add each
+    microbatch's own gradients and scalar outputs, as does a plan whose
+    schedule keeps batch statistics per microbatch.
     """
     args = tuple(example_args)
     m = plan.schedule.num_microbatches
@@ -93,10 +100,15 @@ def compile_step(
     counts = [len(jax.tree.leaves(a)) for a in args]
     starts = np.cumsum([0] + counts)
     batch_inputs = tuple(mb_graph.inputs[j] for i in nums for j in range(starts[i], starts[i + 1]))
-    accumulate = _accumulation(full, mb_graph, m, loss_reduction, name)
-    generated = _batch_shaped_draws(full, mb_graph, batch_inputs)
+    if m > 1 and check_loss_reduction(loss_reduction) == "auto" and plan.schedule.batch_statistics == "global":
+        how = combine_microbatches(full, mb_graph, batch_inputs, m)
+        mb_graph = _with_global_values(mb_graph, how)
+        accumulate = "sum"
+    else:  # an explicit override, or per-microbatch statistics: each microbatch's results combine as asked
+        how = MicrobatchCombination(drawn=batch_shaped_draws(full, mb_graph, batch_inputs))
+        accumulate = _accumulation(full, mb_graph, m, loss_reduction, name)
     flow = analyze(mb_graph, plan, batch_inputs, per_example=_per_example_outputs(full, mb_graph, m),
-                   accumulate=accumulate, generated=generated)
+                   accumulate=accumulate, generated=how.drawn, whole=how.whole)
     program = build_instructions(plan.schedule.kind, plan.num_stages, m, flow.edges)
     return CompiledStep(
         graph=mb_graph,
@@ -110,8 +122,9 @@ def compile_step(
         batch_argnums=nums,
         arg_specs=tuple((t, full.tensor(t).shape, full.tensor(t).dtype) for t in full.leaf_inputs),
         accumulate=accumulate,
-        generated=generated,
-        generator=_generator(full, generated) if generated else None,
+        generated=how.drawn,
+        whole=how.whole,
+        generator=_generator(full, how.drawn + how.whole) if how.drawn or how.whole else None,
     )
 
 
@@ -176,38 +189,10 @@ def check_args(compiled: CompiledStep, leaves: Sequence[Any]) -> None:
             )
 
 
-# Primitives whose rows differ by position: what a microbatch-sized call would draw differently.
-_DRAWS = frozenset({"random_bits", "rng_bit_generator", "rng_uniform", "threefry2x32", "iota"})
-
-
-def _batch_shaped_draws(full: OpGraph, mb_graph: OpGraph, batch_inputs: Sequence[str]) -> tuple[str, ...]:
-    """Tensors whose shape follows the batch but whose values do not come from it: random draws.
-
-    A dropout mask drawn at microbatch size would differ from the one
-    `jax.jit` draws at the global batch, so these are drawn once per step
-    at the global shape and split like the batch.  Returns the outputs of
-    the first such draws (random bits, or positions counted along the
-    batch); a broadcast of the same value to every row needs no such care.
-    """
-    if full is mb_graph:
-        return ()
-    depends = tensors_depending_on(mb_graph.nodes, batch_inputs)
-    constant = set(mb_graph.constants or {})
-    scaled: set[str] = set()
-    out = []
-    for node in mb_graph.nodes:
-        if any(t in depends for t in node.inputs):
-            continue
-        # Values made from literals alone are the same in every microbatch (zeros, a broadcast 1/N),
-        # except positions counted along the batch (iota), which legacy uint32 keys draw from.
-        if all(t in constant for t in node.inputs) and node.primitive != "iota":
-            constant.update(node.outputs)
-            continue
-        grows = [t for t in node.outputs if full.tensor(t).shape != mb_graph.tensor(t).shape]
-        if grows and node.primitive in _DRAWS and not any(t in scaled for t in node.inputs):
-            out.extend(grows)
-        scaled.update(grows)
-    return tuple(out)
+def _with_global_values(graph: OpGraph, how: MicrobatchCombination) -> OpGraph:
+    """The microbatch graph with the global batch's constants, and its loss tail run once per step."""
+    nodes = tuple(dataclasses.replace(n, role="update") if n.name in how.per_step else n for n in graph.nodes)
+    return dataclasses.replace(graph, nodes=nodes, constants={**(graph.constants or {}), **how.constants})
 
 
 def _generator(full: OpGraph, generated: Sequence[str]) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
@@ -258,7 +243,8 @@ def check_loss_reduction(loss_reduction: str) -> str:
 
 
 def _accumulation(full: OpGraph, mb_graph: OpGraph, m: int, loss_reduction: str, name: str) -> str:
-    """How microbatch gradients and scalar outputs combine: "mean" or "sum" (see `compile_step`)."""
+    """How each microbatch's own gradients and scalar outputs combine, when the user says so or statistics are
+    per microbatch: "mean" or "sum" (see `compile_step`)."""
     if check_loss_reduction(loss_reduction) != "auto":
         return loss_reduction
     if m == 1:

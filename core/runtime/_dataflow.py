@@ -61,6 +61,7 @@ class Dataflow:
     reduction: tuple[tuple[str, Reduction], ...]
     update_levels: int = 1
     generated: tuple[str, ...] = ()  # made before the step and split like the batch (random draws)
+    whole: tuple[str, ...] = ()  # made before the step at the global batch, read whole (a token count)
 
     def task(self, stage: int, role: str) -> Task:
         for t in self.tasks:
@@ -104,6 +105,7 @@ def analyze(
     per_example: Collection[str] = (),
     accumulate: Literal["mean", "sum"] = "mean",
     generated: Collection[str] = (),
+    whole: Collection[str] = (),
 ) -> Dataflow:
     """Split the plan's stages into tasks and find the edges between them.
 
@@ -112,7 +114,8 @@ def analyze(
     `per_example` outputs are concatenated over microbatches; other
     batch-dependent values that leave the per-microbatch passes are
     combined by `accumulate`.  `generated` tensors are made before the
-    step (random draws at the global batch) and read like batch inputs.
+    step (random draws at the global batch) and read like batch inputs;
+    `whole` ones are made before the step too and read like parameters.
     Raises a ValueError when data would flow against the pipeline, which no
     schedule can run.
     """
@@ -123,8 +126,8 @@ def analyze(
 
     # Nodes no task runs: constant-only ones (recomputed where read) and the generated draws.
     const_nodes: set[str] = set()
-    made_before = {producer[t] for t in generated}
-    for t in generated:
+    made_before = {producer[t] for t in (*generated, *whole)}
+    for t in (*generated, *whole):
         del producer[t]
     for node in graph.nodes:
         if node.name in made_before or all(
@@ -225,6 +228,7 @@ def analyze(
         reduction=tuple(sorted(reduction.items())),
         update_levels=levels,
         generated=tuple(generated),
+        whole=tuple(whole),
     )
 
 

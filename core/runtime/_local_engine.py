@@ -49,7 +49,7 @@ class LocalEngine:
 
     def step(self, leaves: Sequence[Any], record: bool) -> tuple[list[Any], list[TimelineEvent]]:
         c = self.compiled
-        place_inputs(self.runners, c, leaves)
+        inputs = place_inputs(self.runners, c, leaves)
         events: list[TimelineEvent] = []
         pending: dict[tuple, dict[str, Any]] = {}
         t0 = time.perf_counter()
@@ -89,14 +89,17 @@ class LocalEngine:
                     raise StageError(f"{runner.describe()}, {ins}: {err}") from err
                 kind = timeline_kind(ins.role) if ins.op == "run" else ins.op
                 events.append(TimelineEvent(ins.stage, ins.microbatch, kind, start - t0, time.perf_counter() - t0))
-        outs = collect_outputs(c, leaves, lambda stage, name: self.runners[stage].result(name))
+        outs = collect_outputs(c, leaves, lambda stage, name: self.runners[stage].result(name), inputs)
         for r in self.runners:
             r.reset()
         return outs, events
 
 
-def place_inputs(runners: Sequence[StageRunner], c: CompiledStep, leaves: Sequence[Any]) -> None:
-    """Put every graph input each stage reads on that stage's mesh; batch inputs per microbatch."""
+def place_inputs(runners: Sequence[StageRunner], c: CompiledStep, leaves: Sequence[Any]) -> dict[str, Any]:
+    """Put every graph input each stage reads on that stage's mesh; batch inputs per microbatch.
+
+    Returns every input by name, with the values made once per step at the global batch.
+    """
     values = named_inputs(c, leaves)
     batch = set(c.batch_inputs) | set(c.generated)
     m = c.num_microbatches
@@ -114,10 +117,13 @@ def place_inputs(runners: Sequence[StageRunner], c: CompiledStep, leaves: Sequen
                 runner.put_input(name, leaf, 0)
             else:
                 runner.put_input(name, leaf)
+    return values
 
 
-def collect_outputs(c: CompiledStep, leaves: Sequence[Any], result: Callable[[int, str], Any]) -> list[Any]:
-    """The step's flat outputs: from the stage that made each, or passed-through inputs and constants."""
+def collect_outputs(c: CompiledStep, leaves: Sequence[Any], result: Callable[[int, str], Any],
+                    made_before: dict[str, Any] | None = None) -> list[Any]:
+    """The step's flat outputs: from the stage that made each, values made before the step (a token count),
+    or passed-through inputs and constants."""
     index = {name: i for i, name in enumerate(c.graph.inputs)}
     producer = c.flow.producer_map
     constants = c.graph.constants or {}
@@ -130,6 +136,8 @@ def collect_outputs(c: CompiledStep, leaves: Sequence[Any], result: Callable[[in
             outs.append(jax.numpy.stack([jax.device_put(p, home) for p in parts]))
         elif name in producer:
             outs.append(result(producer[name][0], name))
+        elif made_before is not None and name in c.whole:
+            outs.append(made_before[name])
         elif name in index:
             outs.append(leaves[index[name]])
         else:

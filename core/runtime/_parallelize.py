@@ -6,9 +6,10 @@ its stage's `Mesh` with the plan's shardings as constraints
 (`_stage_runner`); a per-mesh instruction list (`_schedule`) orders them.
 
 Microbatching: the batch arguments are split along dim 0 into
-`plan.schedule.num_microbatches` equal parts; gradients and scalar results
-are averaged or summed over microbatches as the loss is a mean or a sum
-(`loss_reduction`), and per-example results are concatenated (`_compile`).
+`plan.schedule.num_microbatches` equal parts, and their results combine into
+`jax.jit`'s numbers as the step's dataflow says (`combine_microbatches`:
+partial sums added, whole-batch values made once, the loss's tail run once
+per step, per-example results concatenated), or the step is refused.
 """
 
 
@@ -192,10 +193,11 @@ def parallelize(
     """Make `train_step` run as `plan` says: stages on their meshes, shardings, pipeline schedule.
 
     `batch_argnums` are the arguments split into microbatches (dim 0); by
-    default they are found from the step (see `av.trace`).  Gradients and
-    scalar outputs of the microbatches combine as `loss_reduction` says
-    ("mean", "sum", or "auto": from the step's constants, see
-    `compile_step`); per-example outputs are concatenated.
+    default they are found from the step (see `av.trace`).  Microbatch
+    results combine exactly as `jax.jit` computes them on the global batch
+    (`loss_reduction="auto"`), or the step is refused with the operator and
+    the line; "mean" or "sum" instead average or add each microbatch's own
+    results (see `compile_step`).
     `engine="ray"` runs each host's stages in a Ray actor (see
     `av.Cluster.ray`/`ray_options`); `transport` moves tensors between hosts:
     "xla" (the actors form one JAX world; XLA's cross-host transfers, each

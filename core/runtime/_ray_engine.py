@@ -69,11 +69,12 @@ class RayEngine:
                 f"the step scans over stacked layer parameters ({compiled.graph.input_parts[0][0]}, ...), which the "
                 f"Ray engine cannot yet cut into per-stage slices; use engine='local'"
             )
-        if compiled.generated:
+        if compiled.generated or compiled.whole:
+            made = compiled.generated or compiled.whole
             raise ValueError(
-                f"the step draws batch-shaped random values ({', '.join(compiled.generated[:3])}) that the Ray "
-                f"engine cannot yet draw once per step at the global batch; use engine='local', or "
-                f"num_microbatches=1"
+                f"the step needs values made once per step at the global batch ({', '.join(made[:3])}: batch-shaped "
+                f"random draws, or sums over the batch such as a token count) that the Ray engine cannot yet make; "
+                f"use engine='local', or num_microbatches=1"
             )
         try:
             import ray  # lazy: Ray is heavy and starts only for engine="ray"

@@ -63,7 +63,7 @@ class StageRunner:
         self.tasks = {task.role: task for task in flow.tasks if task.stage == stage.index}
         self.reduction = flow.reduction_map
         self.batch_inputs = frozenset(batch_inputs) | frozenset(flow.generated)
-        self.graph_inputs = frozenset(graph.inputs) | frozenset(flow.generated)
+        self.graph_inputs = frozenset(graph.inputs) | frozenset(flow.generated) | frozenset(flow.whole)
         self.aliases = dict(aliases)
         self.donate = donate
         self._producer = flow.producer_map
@@ -200,14 +200,22 @@ class StageRunner:
         for t in self.tasks[role].outputs:
             how = self.reduction.get(t)
             if how in ("mean", "sum"):
-                if not is_float_dtype(self.graph.tensor(t).dtype):
-                    raise ValueError(
-                        f"{self.describe()}: output {t!r} ({self.graph.tensor(t).dtype}) depends on the batch "
-                        f"but is not floating point, so its microbatch values cannot be combined by {how}; return "
-                        f"a float metric, a per-example value (leading dim = batch), or use num_microbatches=1"
-                    )
+                self._check_combinable(t, how)
                 out.append(t)
         return tuple(out)
+
+    def _check_combinable(self, tensor: str, how: str) -> None:
+        """Integers add up exactly; a mean of integers, or a sum of booleans, does not."""
+        dtype = self.graph.tensor(tensor).dtype
+        if is_float_dtype(dtype) or (how == "sum" and dtype != "bool"):
+            return
+        path = self.graph.output_paths.get(tensor)
+        what = f"output {path}" if path else f"value {tensor!r}, which an update reads,"
+        raise ValueError(
+            f"{self.describe()}: {what} ({dtype}) depends on the batch, and its microbatch values cannot be "
+            f"combined by {how}; return it as a float or an integer count, per example (leading dim = batch), "
+            f"or use num_microbatches=1"
+        )
 
     def _donated_names(self, roles, inputs, outputs) -> tuple[str, ...]:
         """Old params the update may overwrite in place; only when the user asked for donation."""

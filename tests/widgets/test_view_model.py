@@ -344,6 +344,9 @@ def test_the_header_gives_step_time_throughput_bubble_memory_and_solver():
     fill = {i.label: i for i in vm.header_items(graph, plan)}["bubble"]
     assert fill.value == f"{p.bubble_s / step:.0%}" and "fill and drain" in fill.detail
     assert vm.header_html(vm.header_items(graph, plan)).count("<div style=\"border") == 5
+    assert "batch statistics" not in items["step time"].detail
+    ghost = {i.label: i for i in vm.header_items(graph, plan.with_batch_statistics("per_microbatch"))}
+    assert ghost["step time"].detail.endswith("batch statistics per microbatch")  # the opt-in is shown
 
 
 @pytest.mark.parametrize(
