@@ -38,6 +38,10 @@ from alpaviz.core.graph._microbatch_combine import MicrobatchCombination as Micr
 from alpaviz.core.graph._microbatch_combine import batch_shaped_draws as batch_shaped_draws
 from alpaviz.core.graph._microbatch_combine import combine_microbatches as combine_microbatches
 from alpaviz.core.graph._scope import user_scope as user_scope
+from alpaviz.core.graph._static_leaves import check_same_static as check_same_static
+from alpaviz.core.graph._static_leaves import dynamic_leaves as dynamic_leaves
+from alpaviz.core.graph._static_leaves import is_static_leaf as is_static_leaf
+from alpaviz.core.graph._static_leaves import split_static as split_static
 from alpaviz.core.graph._microbatch import split_microbatch as split_microbatch
 
 __all__ = [
@@ -46,6 +50,10 @@ __all__ = [
     "combine_microbatches",
     "MicrobatchCombination",
     "user_scope",
+    "check_same_static",
+    "dynamic_leaves",
+    "is_static_leaf",
+    "split_static",
     "check_number",
     "as_function",
     "assign_backward_layers",

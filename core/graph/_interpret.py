@@ -68,7 +68,7 @@ def as_function(graph: OpGraph, shard: ShardFn | None = None) -> Callable[..., A
     """The traced step as a Python function of the original pytree arguments."""
 
     def run(*args: Any) -> Any:
-        env = evaluate(graph, graph.input_values(jax.tree.leaves(args)), shard=shard)
-        return jax.tree.unflatten(graph.out_tree, step_outputs(graph, env))
+        env = evaluate(graph, graph.input_values(graph.arguments(args)), shard=shard)
+        return graph.results(step_outputs(graph, env))
 
     return run

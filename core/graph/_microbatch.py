@@ -7,6 +7,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from alpaviz.core.graph._static_leaves import is_static_leaf
+
 
 def microbatch_struct(x: jax.ShapeDtypeStruct, m: int, argnum: int) -> jax.ShapeDtypeStruct:
     """One leaf of a batch argument with dim 0 divided by `m`."""
@@ -28,10 +30,12 @@ def microbatch_args(args: Sequence[Any], batch_argnums: Sequence[int], num_micro
     for i in batch_argnums:
         if not 0 <= i < len(args):
             raise ValueError(f"batch_argnums {tuple(batch_argnums)} names argument {i}, but the step takes {len(args)}")
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x)), tuple(args))
+    abstract = jax.tree.map(
+        lambda x: x if is_static_leaf(x) else jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x)), tuple(args))
     micro = list(abstract)
     for i in batch_argnums:
-        micro[i] = jax.tree.map(lambda x, i=i: microbatch_struct(x, num_microbatches, i), abstract[i])
+        micro[i] = jax.tree.map(lambda x, i=i: x if is_static_leaf(x) else microbatch_struct(x, num_microbatches, i),
+                                abstract[i])
     return tuple(micro)
 
 

@@ -39,7 +39,7 @@ from alpaviz.core.graph._scope import user_scope
 from alpaviz.core.graph._step_structure import StepStructureError, tensors_depending_on
 
 # Primitives whose values differ by position along the batch: a microbatch-sized call would draw other values.
-DRAWS = frozenset({"random_bits", "rng_bit_generator", "rng_uniform", "threefry2x32", "iota"})
+DRAWS = frozenset({"random_bits", "random_split", "rng_bit_generator", "rng_uniform", "threefry2x32", "iota"})
 # Reductions over the batch whose per-microbatch results add up to the global one.
 SUMS = frozenset({"reduce_sum", "dot_general", "conv_general_dilated", "scatter-add", "scatter_add"})
 # Linear in their first operand, the others being indices or shapes.

@@ -129,6 +129,10 @@ class OpGraph:
     input_parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # A stacked output no operator makes -> the per-layer tensors the runtime stacks into it.
     output_parts: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Argument and result leaves that are not arrays (an Equinox activation), kept out of the trace; a
+    # `StaticLeaves` each, for the runtime only.
+    static_inputs: Any = dataclasses.field(default=None, compare=False, repr=False)
+    static_outputs: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     @cached_property
     def leaf_inputs(self) -> tuple[str, ...]:
@@ -137,7 +141,7 @@ class OpGraph:
         return self.inputs[:len(self.inputs) - parts]
 
     def input_values(self, leaves: Sequence[Any]) -> dict[str, Any]:
-        """Input name -> value for the step's argument leaves, the per-layer parts cut from their stacks."""
+        """Input name -> value for the step's (dynamic) argument leaves, the per-layer parts cut from their stacks."""
         if len(leaves) != len(self.leaf_inputs):
             raise ValueError(f"expected {len(self.leaf_inputs)} input leaves, got {len(leaves)}")
         values = dict(zip(self.leaf_inputs, leaves))
@@ -149,6 +153,19 @@ class OpGraph:
     def output_tensors(self) -> frozenset[str]:
         """What the step returns, with the parts of stacked outputs: every tensor a task must hand back."""
         return frozenset(self.outputs) | frozenset(p for _, parts in self.output_parts for p in parts)
+
+    def arguments(self, args: Sequence[Any]) -> list[Any]:
+        """The step's traced argument leaves: all but the static ones (see `_static_leaves`)."""
+        from alpaviz.core.graph._static_leaves import dynamic_leaves
+
+        return dynamic_leaves(tuple(args))
+
+    def results(self, outputs: Sequence[Any]) -> Any:
+        """The step's returned pytree from its flat traced outputs, the static result leaves put back."""
+        import jax  # lazy: the graph's data model is plain data
+
+        tree = jax.tree.unflatten(self.out_tree, list(outputs))
+        return tree if self.static_outputs is None else self.static_outputs.merge(tree)
 
     @cached_property
     def output_paths(self) -> Mapping[str, str]:

@@ -25,6 +25,7 @@ from alpaviz.core.graph._markers import LAYER_BOUNDARY
 from alpaviz.core.graph._layers import assign_backward_layers
 from alpaviz.core.graph._op_graph import OpGraph, OpNode, TensorInfo, dtype_name
 from alpaviz.core.graph._scan import LayerScanUnroller, Value, is_layer_scan
+from alpaviz.core.graph._static_leaves import StaticLeaves, dynamic_leaves, split_static
 from alpaviz.core.graph._step_structure import RawOp, StepStructureError, find_batch_argnums, infer_roles
 
 # Call-like primitives whose body is spliced into the graph.
@@ -53,8 +54,15 @@ def trace(
         >>> graph = av.trace(train_step, params, opt_state, batch)
         >>> print(graph.summary())
     """
-    _check_array_leaves(fn, example_args)
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
+    example_args, static_inputs = split_static(tuple(example_args))
+    static_outputs: list[StaticLeaves] = []
+
+    def dynamic_step(*dynamic: Any) -> Any:
+        out, static = split_static(fn(*static_inputs.merge(dynamic)))
+        static_outputs.append(static)
+        return out
+
+    closed, out_shape = jax.make_jaxpr(dynamic_step, return_shape=True)(*example_args)
     builder = _GraphBuilder()
     input_names = _input_names(fn, example_args)
     outer_inputs = [builder.add_input(n, v.aval) for n, v in zip(input_names, closed.jaxpr.invars)]
@@ -81,6 +89,8 @@ def trace(
         batch_note=batch_note,
         input_parts=tuple((leaf, tuple(parts)) for leaf, parts in builder.input_parts.items()),
         output_parts=tuple(builder.output_parts.items()),
+        static_inputs=static_inputs,
+        static_outputs=static_outputs[-1],
     )
     # Update operators take the layer of the parameter (or gradient) they update.
     full = assign_backward_layers(graph, marked)
@@ -103,22 +113,10 @@ def _batch_argnums(args: tuple[Any, ...], out_shape: Any, given: Sequence[int] |
 
 
 def _leaves_of(args: tuple[Any, ...], argnums: Sequence[int], names: Sequence[str]) -> tuple[str, ...]:
-    counts = [len(jax.tree.leaves(a)) for a in args]
+    """The input names of the leaves of arguments `argnums` (args without their static leaves)."""
+    counts = [len(dynamic_leaves(a)) for a in args]
     starts = np.cumsum([0, *counts])
     return tuple(names[j] for i in sorted(argnums) for j in range(starts[i], starts[i + 1]))
-
-
-def _check_array_leaves(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """Every argument leaf must be an array or a number: say which is not, and how to pass it."""
-    names = _input_names(fn, args)
-    for name, leaf in zip(names, jax.tree.leaves(args)):
-        if isinstance(leaf, (bool, np.bool_)) or not (hasattr(leaf, "dtype") or isinstance(leaf, (int, float, complex))):
-            raise TypeError(
-                f"argument leaf {name} is {type(leaf).__name__} {leaf!r:.60}, not an array: the step is traced "
-                f"like jax.jit, which takes arrays only. For an Equinox module pass its arrays and close over "
-                f"the rest (params, static = eqx.partition(model, eqx.is_array); step(params, ...) calls "
-                f"eqx.combine(params, static)); for other Python values, close over them in the step"
-            )
 
 
 def _input_names(fn: Callable[..., Any], args: tuple[Any, ...]) -> list[str]:

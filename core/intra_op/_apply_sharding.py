@@ -80,14 +80,14 @@ def shard_step(
         return value
 
     def run(*args: Any) -> Any:
-        env = graph.input_values(jax.tree.leaves(args))
+        env = graph.input_values(graph.arguments(args))
         for node in graph.nodes:
             local = {t: env[t] for t in node.inputs if t in env}
             for tensor, spec in needs.get(node.name, ()):
                 # The strategy reads this operand in another layout: reshard explicitly, as the ILP priced it.
                 local[tensor] = jax.lax.with_sharding_constraint(local[tensor], NamedSharding(mesh, to_partition_spec(spec)))
             env.update(evaluate(graph, local, nodes=[node], wanted=node.outputs, shard=constrain))
-        return jax.tree.unflatten(graph.out_tree, step_outputs(graph, env))
+        return graph.results(step_outputs(graph, env))
 
     in_shardings = jax.tree.unflatten(graph.in_tree, [sharding(n) for n in graph.leaf_inputs])
     out_shardings = jax.tree.unflatten(graph.out_tree, [sharding(n) for n in graph.outputs])

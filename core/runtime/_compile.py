@@ -42,6 +42,7 @@ class CompiledStep:
     # (input name, shape, dtype) of every argument leaf at the global batch: each call is checked against it
     arg_specs: tuple[tuple[str, tuple[int, ...], str], ...] = ()
     accumulate: str = "sum"
+    loss_reduction: str = "auto"  # as asked: every host of the Ray engine compiles the step the same way
     # Batch-shaped values the step makes without reading the batch (dropout masks drawn from a key): made
     # once per step at the global batch by `generator`, then split into microbatches like the batch.
     generated: tuple[str, ...] = ()
@@ -97,7 +98,7 @@ def compile_step(
     _warn_host_callbacks(planned, plan)
     plan = _rebase_to_microbatch_graph(plan, full, mb_graph)
     plan = _fit_specs_to_microbatch(plan, full, mb_graph)
-    counts = [len(jax.tree.leaves(a)) for a in args]
+    counts = [len(mb_graph.arguments((a,))) for a in args]
     starts = np.cumsum([0] + counts)
     batch_inputs = tuple(mb_graph.inputs[j] for i in nums for j in range(starts[i], starts[i + 1]))
     if m > 1 and check_loss_reduction(loss_reduction) == "auto" and plan.schedule.batch_statistics == "global":
@@ -122,6 +123,7 @@ def compile_step(
         batch_argnums=nums,
         arg_specs=tuple((t, full.tensor(t).shape, full.tensor(t).dtype) for t in full.leaf_inputs),
         accumulate=accumulate,
+        loss_reduction=loss_reduction,
         generated=how.drawn,
         whole=how.whole,
         generator=_generator(full, how.drawn + how.whole) if how.drawn or how.whole else None,

@@ -21,7 +21,7 @@ from typing import Any, Callable, Literal, Sequence
 import jax
 import numpy as np
 
-from alpaviz.core.graph import OpGraph, check_int
+from alpaviz.core.graph import OpGraph, check_int, check_same_static, split_static
 from alpaviz.core.plan import Plan
 from alpaviz.core.runtime._compile import CompiledStep, check_args, check_loss_reduction, compile_step
 from alpaviz.core.runtime._local_engine import LocalEngine
@@ -145,11 +145,12 @@ class ParallelStep:
         if self.compiled is None:
             self._prepare(args)
         graph = self.compiled.graph
-        if jax.tree.structure(args) != graph.in_tree:
-            raise ValueError(
-                f"the step was compiled for arguments of structure {graph.in_tree}, got {jax.tree.structure(args)}"
-            )
-        leaves = jax.tree.leaves(args)
+        structure = jax.tree.structure(split_static(args)[0])
+        if structure != graph.in_tree:
+            raise ValueError(f"the step was compiled for arguments of structure {graph.in_tree}, got {structure}")
+        if graph.static_inputs is not None:
+            check_same_static(graph.static_inputs, args)
+        leaves = graph.arguments(args)
         check_args(self.compiled, leaves)
         outs, events = self._engine.step(leaves, self.record_trace)
         if self.record_trace:
@@ -161,7 +162,7 @@ class ParallelStep:
                 source="measured",
                 hardware=getattr(self._engine, "hardware", ""),
             )
-        return jax.tree.unflatten(graph.out_tree, outs)
+        return graph.results(outs)
 
     def close(self) -> None:
         """Release the engine's resources (Ray actors); the step cannot run afterwards."""

@@ -135,7 +135,7 @@ class RayEngine:
         self._gather([
             actor.setup.remote(train_step, plan.to_json(), abstract, tuple(batch_argnums), donate,
                                compiler_options, [s.index for s in plan.stages if self.host_of[s.index] == h],
-                               expected, compiled.accumulate, self.transport, options[h])
+                               expected, compiled.loss_reduction, self.transport, options[h])
             for h, actor in self.actors.items()
         ], timeout=self.step_timeout_s)
         self.step_id = 0

@@ -60,7 +60,7 @@ MODELS = {
     "mlp": (mlp, mlp_megatron),
     "gpt": (lambda: av.models.gpt(num_layers=4, hidden=32, seq_len=16, vocab=64), megatron_specs),
     "moe": (lambda: av.models.moe(num_layers=4, hidden=32, seq_len=16, vocab=64, moe_every=2,
-                                  expert_group_size=32), megatron_specs),
+                                  expert_group_size=16), megatron_specs),  # a group per sequence
 }
 
 
