@@ -26,8 +26,9 @@ browser-deps: $(STAMP)
 		|| echo "browser-deps: could not install chromium; tests/widgets/test_browser.py will fail and say so"
 	@$(PY) -c "import playwright.sync_api" 2>/dev/null || $(PY) -m pip install -q playwright
 
+# Two workers, one test file each at a time (module fixtures stay shared): the machine has two cores.
 test: $(STAMP) browser-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow and not browser" $(PYTEST_ARGS)
