@@ -119,5 +119,4 @@ def comparison_html(rows: Sequence[ComparisonRow]) -> str:
 
 
 def _schedule_text(schedule: Schedule) -> str:
-    stats = ", batch statistics per microbatch" if schedule.batch_statistics == "per_microbatch" else ""
-    return f"{schedule.kind} x {schedule.num_microbatches}{stats}"
+    return f"{schedule.kind} x {schedule.num_microbatches}{schedule.statistics_note}"

@@ -489,8 +489,7 @@ def header_items(graph: OpGraph, plan: Plan, bubble: float | None = None) -> tup
     memory_share = p.max_memory_bytes / limit if limit and math.isfinite(limit) else None
     return (
         HeaderItem("step time", f"{step * 1e3:.4g} ms", f"{plan.schedule.num_microbatches} microbatches, "
-                   f"{plan.schedule.kind}, on {plan.cluster.name}"
-                   + (", batch statistics per microbatch" if plan.schedule.batch_statistics == "per_microbatch" else "")),
+                   f"{plan.schedule.kind}, on {plan.cluster.name}{plan.schedule.statistics_note}"),
         HeaderItem("throughput", f"{per_device / 1e12:.3g} TFLOP/s", f"per device, {per_device / peak:.0%} of the "
                    f"{dtype or 'default'} peak"),
         HeaderItem("bubble", f"{(p.bubble_s / step if bubble is None else bubble):.0%}" if step else "n/a",

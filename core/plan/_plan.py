@@ -155,6 +155,11 @@ class Schedule:
                 f"'global' keeps jax.jit's numbers, 'per_microbatch' normalises each microbatch by its own"
             )
 
+    @property
+    def statistics_note(self) -> str:
+        """", batch statistics per microbatch" for ghost batch norm, else "": how every view names the opt-in."""
+        return ", batch statistics per microbatch" if self.batch_statistics == "per_microbatch" else ""
+
 
 @dataclasses.dataclass(frozen=True)
 class PredictedCost:
@@ -319,8 +324,7 @@ class Plan:
         p = self.predicted
         lines = [
             f"Plan for {self.model!r} on {self.cluster.name} ({self.cluster.num_devices} devices), "
-            f"{self.schedule.kind} x {self.schedule.num_microbatches} microbatches"
-            + (", batch statistics per microbatch" if self.schedule.batch_statistics == "per_microbatch" else ""),
+            f"{self.schedule.kind} x {self.schedule.num_microbatches} microbatches{self.schedule.statistics_note}",
             f"  predicted step {p.step_time_s * 1e3:.3f} ms  (compute {p.compute_s * 1e3:.3f}, comm "
             f"{p.communication_s * 1e3:.3f}, reshard {p.resharding_s * 1e3:.3f}, cross-stage "
             f"{p.cross_stage_s * 1e3:.3f}, bubble {p.bubble_s * 1e3:.3f} ms)",
