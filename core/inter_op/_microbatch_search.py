@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from alpaviz.core.inter_op._pin_check import InfeasiblePinsError, ModelTooLargeError
+from alpaviz.core.inter_op._progress import Progress, ProgressFn
 from alpaviz.core.inter_op._stage_dp import NoStagePlanError
 from alpaviz.core.plan import Plan, SolverInfo
 
@@ -53,30 +54,22 @@ _UNUSABLE = (ModelTooLargeError, NoStagePlanError, InfeasiblePinsError)
 
 
 def best_over_microbatches(plan_for: Callable[[int], Plan], counts: Sequence[int], what: str = "plan",
-                           progress: bool | Callable[[str, int, int], None] = False) -> Plan:
+                           progress: bool | ProgressFn = False) -> Plan:
     """The fastest of `plan_for(b)` over `counts`; the plan's notes list every count's step time.
 
     Raises the last count's error when none fits.
     """
     results: list[tuple[int, Plan | Exception]] = []
-    bar = None
-    if progress and not callable(progress):
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(counts), desc="microbatch counts", leave=False)
+    bar = Progress(progress, "microbatch counts")
     try:
         for done, b in enumerate(counts, start=1):
             try:
                 results.append((b, plan_for(b)))
             except _UNUSABLE as err:
                 results.append((b, err))
-            if bar is not None:
-                bar.update(1)
-            elif callable(progress):
-                progress("microbatch counts", done, len(counts))
+            bar.tick(done, len(counts))
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     plans = [(b, p) for b, p in results if isinstance(p, Plan)]
     if not plans:
         raise results[-1][1]  # type: ignore[misc]

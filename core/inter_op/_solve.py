@@ -22,6 +22,7 @@ from alpaviz.core.inter_op._microbatch_search import best_over_microbatches, glo
 from alpaviz.core.inter_op._pin_check import (
     InfeasiblePinsError, ModelTooLargeError, check_intra_op_pins, check_pins, constraints_from_pins, diagnose,
 )
+from alpaviz.core.inter_op._progress import Progress, ProgressFn
 from alpaviz.core.inter_op._setup import SolveSetup
 from alpaviz.core.inter_op._stage_cost import StageCostFn, default_stage_cost, ilp_available
 from alpaviz.core.inter_op._stage_dp import (
@@ -35,8 +36,6 @@ from alpaviz.core.plan import (
     Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, format_bytes, graph_fingerprint,
 )
 
-# progress(phase, done, total): a phase such as "profiling layers" reports each step done.
-ProgressFn = Callable[[str, int, int], None]
 
 
 def solve(
@@ -117,18 +116,17 @@ def solve(
     )
     profiled_at = time.perf_counter()
     constraints = constraints_from_pins(pins, setup.table.meshes, setup.graph.num_layers, cluster)
-    bar = _bar(progress, "stage DP")
+    bar = Progress(progress, "stage DP")
     try:
         solution = solve_stages(
             setup.table, cluster.num_devices, num_microbatches, schedule, setup.memory_limit_bytes,
             constraints, tolerance=tolerance, prefer=_stages_of(previous, setup),
-            on_candidate=bar.tick if bar is not None else None,
+            on_candidate=bar.tick,
         )
     except NoStagePlanError:
         raise diagnose(setup, pins, num_microbatches, schedule) from None
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     notes = (
         f"stage costs: {setup.stage_cost_name}; {setup.profiles.profiled} layer profiles computed, "
         f"the rest from the cache",
@@ -264,17 +262,16 @@ def prepare(
     if profile:
         fn = measured_stage_cost(fn)
         name = f"measured on local devices (shardings from {name})"
-    bar = _bar(progress, "profiling layers")
+    bar = Progress(progress, "profiling layers")
     try:
         profiles = profile_layers(
             graph, cluster, cost_model, pins, meshes, fn, cache,
-            on_profile=bar.tick if bar is not None else None,
+            on_profile=bar.tick,
             workers=workers,
             num_microbatches=num_microbatches,
         )
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     check_intra_op_pins(pins, profiles)
     limit = cluster.device.memory_bytes if memory_limit is None else float(memory_limit)
     if limit <= 0:
@@ -425,33 +422,3 @@ def assemble_plan(
         schedule=Schedule(schedule, num_microbatches), predicted=predicted, pins=pins,
         solver=SolverInfo(status=status, seconds=seconds, objective=step, notes=tuple(notes)),
     )
-
-
-class _Reporter:
-    """One phase's progress, to a tqdm bar (`progress=True`) or to the caller's `progress(phase, done, total)`."""
-
-    def __init__(self, progress: bool | ProgressFn, desc: str) -> None:
-        self.desc, self.report, self.bar = desc, None, None
-        if callable(progress):
-            self.report = progress
-        else:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=None, desc=desc, leave=False)
-
-    def tick(self, done: int, total: int) -> None:
-        if self.report is not None:
-            self.report(self.desc, done, total)
-            return
-        if self.bar.total != total:
-            self.bar.total = total
-        self.bar.n = done
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _bar(progress: bool | ProgressFn, desc: str) -> _Reporter | None:
-    return _Reporter(progress, desc) if progress else None
