@@ -35,6 +35,7 @@ from alpaviz.core.graph._residuals import recompute_chain as recompute_chain
 from alpaviz.core.graph._residuals import stored_residuals as stored_residuals
 from alpaviz.core.graph._microbatch import microbatch_args as microbatch_args
 from alpaviz.core.graph._microbatch_combine import MicrobatchCombination as MicrobatchCombination
+from alpaviz.core.graph._microbatch_combine import PartialSums as PartialSums
 from alpaviz.core.graph._microbatch_combine import batch_shaped_draws as batch_shaped_draws
 from alpaviz.core.graph._microbatch_combine import combine_microbatches as combine_microbatches
 from alpaviz.core.graph._scope import user_scope as user_scope
@@ -49,6 +50,7 @@ __all__ = [
     "check_int",
     "combine_microbatches",
     "MicrobatchCombination",
+    "PartialSums",
     "user_scope",
     "check_same_static",
     "dynamic_leaves",

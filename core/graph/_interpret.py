@@ -22,12 +22,14 @@ def evaluate(
     nodes: Iterable[OpNode] | None = None,
     wanted: Sequence[str] | None = None,
     shard: ShardFn | None = None,
+    apply: Callable[[OpNode, list[Any]], list[Any]] | None = None,
 ) -> dict[str, Any]:
     """Run `nodes` (default: all, in graph order) given the tensor `values` they need.
 
     `shard(name, value)` is applied to every produced tensor (e.g. a
-    `with_sharding_constraint`).  Returns the `wanted` tensors (default:
-    every tensor computed or given).
+    `with_sharding_constraint`); `apply(node, args)`, when given, computes a
+    node's results in place of binding its primitive.  Returns the `wanted`
+    tensors (default: every tensor computed or given).
     """
     env: dict[str, Any] = dict(values)
     constants = graph.constants or {}
@@ -43,9 +45,12 @@ def evaluate(
                     f"operator {node.name} needs tensor {name!r}, which is neither given nor computed "
                     f"earlier in this sub-graph"
                 )
-        outs = node.jax_primitive.bind(*args, **node.jax_params)
-        if not node.jax_primitive.multiple_results:
-            outs = [outs]
+        if apply is not None:
+            outs = apply(node, args)
+        else:
+            outs = node.jax_primitive.bind(*args, **node.jax_params)
+            if not node.jax_primitive.multiple_results:
+                outs = [outs]
         for name, value in zip(node.outputs, outs):
             env[name] = shard(name, value) if shard is not None else value
     if wanted is None:

@@ -55,6 +55,24 @@ _SCALING = frozenset({"mul", "dot_general", "conv_general_dilated"})
 
 
 @dataclasses.dataclass(frozen=True)
+class PartialSums:
+    """The per-microbatch partial sums over the batch, for a runtime that defers their reduction.
+
+    `reductions` are the operators that sum over the batch (a weight
+    gradient's `dot_general`, a bias gradient's `reduce_sum`); `tensors` are
+    their results and the linear work on them that still runs per microbatch.
+    `batch_dims` gives, for each batch-carrying operand of a reduction, the
+    dimension the batch runs along.  Any split of that dimension into parts
+    gives partial sums that add up to the whole, which is what lets each device
+    keep its own part until the update (`alpaviz.core.runtime`).
+    """
+
+    tensors: frozenset[str] = frozenset()
+    reductions: frozenset[str] = frozenset()
+    batch_dims: tuple[tuple[str, int], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class MicrobatchCombination:
     """What the runtime must do so that microbatches give `jax.jit`'s numbers.
 
@@ -69,6 +87,7 @@ class MicrobatchCombination:
     whole: tuple[str, ...] = ()
     constants: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     per_step: frozenset[str] = frozenset()
+    partial: PartialSums = PartialSums()
 
 
 def combine_microbatches(full: OpGraph, micro: OpGraph, batch_inputs: Sequence[str], m: int) -> MicrobatchCombination:
@@ -111,7 +130,24 @@ def combine_microbatches(full: OpGraph, micro: OpGraph, batch_inputs: Sequence[s
     _check_linear(micro, partial, per_step)
     return MicrobatchCombination(
         drawn=tuple(drawn), whole=tuple(whole), constants=_scaled_constants(full, micro), per_step=per_step,
+        partial=_partial_sums(full, micro, partial, per_step, grown),
     )
+
+
+def _partial_sums(full: OpGraph, micro: OpGraph, partial: Mapping[str, OpNode], per_step: frozenset[str],
+                  grown: frozenset[str]) -> PartialSums:
+    producer = {t: n for n in micro.nodes for t in n.outputs}
+    tensors = frozenset(t for t in partial if producer[t].name not in per_step)
+    roots = frozenset(partial[t].name for t in tensors)
+    operands = {t for name in roots for t in micro.node(name).inputs if t in grown}
+    operands |= {t for t in micro.inputs if t in grown}
+    dims = tuple(sorted((t, _grown_dim(full, micro, t)) for t in operands))
+    return PartialSums(tensors=tensors, reductions=roots, batch_dims=dims)
+
+
+def _grown_dim(full: OpGraph, micro: OpGraph, tensor: str) -> int:
+    big, small = full.tensor(tensor).shape, micro.tensor(tensor).shape
+    return next(i for i, (a, b) in enumerate(zip(big, small)) if a != b)
 
 
 def _check_same_operators(full: OpGraph, micro: OpGraph, m: int) -> None:

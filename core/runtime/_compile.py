@@ -109,7 +109,7 @@ def compile_step(
         how = MicrobatchCombination(drawn=batch_shaped_draws(full, mb_graph, batch_inputs))
         accumulate = _accumulation(full, mb_graph, m, loss_reduction, name)
     flow = analyze(mb_graph, plan, batch_inputs, per_example=_per_example_outputs(full, mb_graph, m),
-                   accumulate=accumulate, generated=how.drawn, whole=how.whole)
+                   accumulate=accumulate, generated=how.drawn, whole=how.whole, partial=how.partial)
     program = build_instructions(plan.schedule.kind, plan.num_stages, m, flow.edges)
     return CompiledStep(
         graph=mb_graph,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Collection, Literal, Mapping
 
-from alpaviz.core.graph import OpGraph, Role, recompute_chain, stored_residuals, tensors_depending_on
+from alpaviz.core.graph import OpGraph, PartialSums, Role, recompute_chain, stored_residuals, tensors_depending_on
 from alpaviz.core.runtime._schedule import Edge, is_update, update_level, update_role
 
 PER_MICROBATCH: tuple[Role, ...] = ("forward", "backward")
@@ -62,6 +62,8 @@ class Dataflow:
     update_levels: int = 1
     generated: tuple[str, ...] = ()  # made before the step and split like the batch (random draws)
     whole: tuple[str, ...] = ()  # made before the step at the global batch, read whole (a token count)
+    # Partial sums over the batch whose reduction across devices can wait for the update (gradients).
+    partial: PartialSums = PartialSums()
 
     def task(self, stage: int, role: str) -> Task:
         for t in self.tasks:
@@ -106,6 +108,7 @@ def analyze(
     accumulate: Literal["mean", "sum"] = "mean",
     generated: Collection[str] = (),
     whole: Collection[str] = (),
+    partial: PartialSums = PartialSums(),
 ) -> Dataflow:
     """Split the plan's stages into tasks and find the edges between them.
 
@@ -116,6 +119,7 @@ def analyze(
     combined by `accumulate`.  `generated` tensors are made before the
     step (random draws at the global batch) and read like batch inputs;
     `whole` ones are made before the step too and read like parameters.
+    `partial` sums are recorded for the stages to reduce once per step.
     Raises a ValueError when data would flow against the pipeline, which no
     schedule can run.
     """
@@ -229,6 +233,7 @@ def analyze(
         update_levels=levels,
         generated=tuple(generated),
         whole=tuple(whole),
+        partial=partial,
     )
 
 

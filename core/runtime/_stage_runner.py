@@ -20,6 +20,7 @@ from alpaviz.core.cost import AXIS_NAMES
 from alpaviz.core.graph import OpGraph, evaluate, is_float_dtype
 from alpaviz.core.plan import Stage, check_spec, to_partition_spec
 from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge
+from alpaviz.core.runtime._device_parts import PartEvaluator, device_parts, held_sharding, reduce_parts
 from alpaviz.core.runtime._schedule import ONCE, is_update
 
 
@@ -84,12 +85,41 @@ class StageRunner:
             for t in task.inputs:
                 self._readers.setdefault(t, set()).add((task.stage, task.role))
         self._graph_outputs = graph.output_tensors
+        self._init_device_parts(flow)
         self._groups: dict[tuple[str, ...], _Group] = {}
         self._fns: dict[tuple[str, ...], Any] = {}
+        self._compiled: set[tuple[str, ...]] = set()  # run or compiled at least once
         self._first_args: dict[tuple[str, ...], Any] = {}
         self._zeros: dict[str, Any] = {}
         self._concat_parts: dict[str, dict[int, Any]] = {}
         self.reset()
+
+    def _init_device_parts(self, flow: Dataflow) -> None:
+        """Which partial sums each per-microbatch task keeps per device, reduced once in the update
+        (`_device_parts`)."""
+        per_mb = {r: t for r, t in self.tasks.items() if not is_update(r)}
+        nodes = [n for t in per_mb.values() for n in t.nodes]
+        self.parts = (device_parts(self.graph, flow.partial, self.specs, self.stage.logical_mesh, AXIS_NAMES, nodes)
+                      if self.num_microbatches > 1 else None)
+        self._held = {r: self.parts.held([self.graph.node(n) for n in t.nodes]) if self.parts else frozenset()
+                      for r, t in per_mb.items()}
+        self.held_accumulators = frozenset(
+            t for r in per_mb for t in self.tasks[r].outputs
+            if t in self._held[r] and self.reduction.get(t) in ("mean", "sum")
+        )
+        self._reducers: dict[str, Any] = {}
+
+    def _held_sharding(self, tensor: str) -> NamedSharding:
+        return held_sharding(self.parts, self.mesh, self.specs.get(tensor))
+
+    def _reduced(self, tensor: str, value: Any) -> Any:
+        """A held accumulator summed over its device parts, outside any task (a result, a send)."""
+        if tensor not in self.held_accumulators:
+            return value
+        if tensor not in self._reducers:
+            target = self.sharding(tensor)
+            self._reducers[tensor] = jax.jit(lambda v: reduce_parts(v, target))
+        return self._reducers[tensor](value)
 
     # ---- placement -------------------------------------------------------
     def describe(self) -> str:
@@ -128,7 +158,7 @@ class StageRunner:
     def values(self, tensors: Sequence[str], microbatch: int) -> dict[str, Any]:
         """`tensors` as this stage holds them for `microbatch` (ONCE: the step's)."""
         if microbatch == ONCE:
-            return {t: self.step_values[t] for t in tensors}
+            return {t: self._reduced(t, self.step_values[t]) for t in tensors}
         return {t: self.mb_values[(t, microbatch)] for t in tensors}
 
     def give(self, values: Mapping[str, Any], microbatch: int, placed: bool = False) -> None:
@@ -155,7 +185,7 @@ class StageRunner:
             del self.mb_values[key]
 
     def result(self, name: str) -> Any:
-        return self.step_values[name]
+        return self._reduced(name, self.step_values[name])
 
     # ---- execution -------------------------------------------------------
     def _group(self, roles: tuple[str, ...]) -> "_Group":
@@ -170,7 +200,9 @@ class StageRunner:
         nodes, inputs, outputs = self._select(roles, keep_reductions=True)
         accumulated = tuple(t for r in roles for t in self._accumulated(r))
         donated = self._donated_names(roles, inputs, outputs)
-        group = _Group(roles, nodes, inputs, outputs, accumulated, donated)
+        held = frozenset().union(*(self._held.get(r, frozenset()) for r in roles))
+        reduced = tuple(t for t in inputs if t in self.held_accumulators) if any(map(is_update, roles)) else ()
+        group = _Group(roles, nodes, inputs, outputs, accumulated, donated, held, reduced)
         self._groups[roles] = group
         return group
 
@@ -236,13 +268,33 @@ class StageRunner:
             s = constrain.get(name)
             return value if s is None else jax.lax.with_sharding_constraint(value, s)
 
+        held = group.held
+        parts = PartEvaluator(self.parts, held, self.mesh, self.sharding, self.specs.get) if held else None
+        accumulated = set(group.accumulated)
+        # A held accumulator leaves only as its accumulator, unless another task reads it per microbatch.
+        dropped = {t for t in group.outputs if t in held and t in accumulated and not any(
+            not is_update(r) and r not in group.roles for _, r in self._readers.get(t, ()))}
+
+        def placed(t: str) -> NamedSharding:
+            return self._held_sharding(t) if t in held else self.sharding(t)
+
+        def leaving(t: str, value: Any) -> Any:
+            if t in dropped:
+                return None
+            return parts.reduce(t, value) if t in held else value
+
         def fn(donated_args: tuple, kept_args: tuple, accs: tuple) -> tuple[tuple, tuple]:
-            env = evaluate(self.graph, dict(zip(names, donated_args + kept_args)), group.nodes, group.outputs, shard)
+            values = dict(zip(names, donated_args + kept_args))
+            for t in group.reduced_inputs:  # the once-per-step reduction of each held gradient
+                values[t] = reduce_parts(values[t], self.sharding(t))
+            env = evaluate(self.graph, values, group.nodes, group.outputs,
+                           shard if parts is None else lambda t, v: v if t in held else shard(t, v),
+                           apply=None if parts is None else parts.apply)
             new_accs = tuple(
-                jax.lax.with_sharding_constraint(acc + env[t] * jnp_scale(env[t], scale), self.sharding(t))
+                jax.lax.with_sharding_constraint(acc + env[t] * jnp_scale(env[t], scale), placed(t))
                 for t, acc, scale in zip(group.accumulated, accs, scales)
             )
-            return tuple(env[t] for t in group.outputs), new_accs
+            return tuple(leaving(t, env[t]) for t in group.outputs), new_accs
 
         return jax.jit(
             fn,
@@ -253,7 +305,11 @@ class StageRunner:
     def _zeros_for(self, tensor: str) -> Any:
         if tensor not in self._zeros:
             info = self.graph.tensor(tensor)
-            self._zeros[tensor] = jax.device_put(np.zeros(info.shape, info.dtype), self.sharding(tensor))
+            if tensor in self.held_accumulators:  # one partial sum per device along the batch axes
+                zeros, where = np.zeros((self.parts.parts, *info.shape), info.dtype), self._held_sharding(tensor)
+            else:
+                zeros, where = np.zeros(info.shape, info.dtype), self.sharding(tensor)
+            self._zeros[tensor] = jax.device_put(zeros, where)
         return self._zeros[tensor]
 
     def _lookup(self, tensor: str, microbatch: int) -> Any:
@@ -277,7 +333,7 @@ class StageRunner:
         nodes, inputs, outputs = self._select(roles, keep_reductions=False)
         replaced = {self.aliases[t] for t in outputs if t in self.aliases}
         donated = tuple(t for t in inputs if t in replaced)
-        group = _Group(roles, nodes, inputs, outputs, (), donated)
+        group = _Group(roles, nodes, inputs, outputs, (), donated, frozenset(), ())
         fn = self._build(group)
 
         def abstract(t: str) -> jax.ShapeDtypeStruct:
@@ -298,24 +354,40 @@ class StageRunner:
         """Run one task; returns its fresh outputs (for the caller to block on when timing)."""
         return self.run_group((role,), microbatch)
 
-    def run_group(self, roles: tuple[str, ...], microbatch: int) -> list[Any]:
-        """Run tasks of this stage back to back as one executable (e.g. forward+backward of a microbatch)."""
-        group = self._group(tuple(roles))
-        if not group.nodes:
-            return []
+    def compile_for(self, role: str, microbatch: int) -> None:
+        """Compile the task's executable now if it is new, so that a timed run measures running, not compiling."""
+        group = self._group((role,))
+        if group.nodes and group.roles not in self._compiled:
+            args = self._arguments(group, microbatch)
+            try:
+                self._fns[group.roles].lower(*args).compile()  # jax.jit's call reuses this compilation
+            except Exception as err:
+                raise StageError(f"{self.describe()}, {role} task, microbatch {microbatch}: {err}") from err
+            self._compiled.add(group.roles)
+
+    def _arguments(self, group: "_Group", microbatch: int) -> tuple[tuple, tuple, tuple]:
+        """(donated, kept, accumulators) for one run of `group`; builds its function on first use."""
         if group.roles not in self._fns:
             self._fns[group.roles] = self._build(group)
             self._first_args[group.roles] = None
-        lookup_mb = microbatch
         donated_set = set(group.donated)
-        donated = tuple(self._lookup(t, lookup_mb) for t in group.donated)
-        kept = tuple(self._lookup(t, lookup_mb) for t in group.inputs if t not in donated_set)
+        donated = tuple(self._lookup(t, microbatch) for t in group.donated)
+        kept = tuple(self._lookup(t, microbatch) for t in group.inputs if t not in donated_set)
         first = microbatch in (0, ONCE)
         accs = tuple(self._zeros_for(t) if first else self.step_values[t] for t in group.accumulated)
         if self._first_args.get(group.roles, 0) is None:
             self._first_args[group.roles] = jax.tree.map(
                 lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), (donated, kept, accs)
             )
+        return donated, kept, accs
+
+    def run_group(self, roles: tuple[str, ...], microbatch: int) -> list[Any]:
+        """Run tasks of this stage back to back as one executable (e.g. forward+backward of a microbatch)."""
+        group = self._group(tuple(roles))
+        if not group.nodes:
+            return []
+        donated, kept, accs = self._arguments(group, microbatch)
+        self._compiled.add(group.roles)
         try:
             outs, new_accs = self._fns[group.roles](donated, kept, accs)
         except Exception as err:  # compile or runtime failure inside the stage
@@ -352,6 +424,8 @@ class _Group:
     outputs: tuple[str, ...]
     accumulated: tuple[str, ...]
     donated: tuple[str, ...]
+    held: frozenset[str]  # kept as per-device partial sums (`_device_parts`)
+    reduced_inputs: tuple[str, ...]  # held accumulators this (update) group reduces first
 
 
 def entering_spec(specs: Mapping[str, Any], tensor: str, aliases: Mapping[str, str]) -> Any:
