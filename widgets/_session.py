@@ -421,7 +421,9 @@ class EditorSession:
         return predicted_timeline(self.plan, self.graph)
 
     def launch(self, steps: int = 3) -> Outcome:
-        """Run `av.parallelize` for `steps` steps here and keep the measured timeline."""
+        """Run `av.parallelize` for `steps` steps here and keep the last step's measured timeline."""
+        if not isinstance(steps, int) or steps < 1:
+            return self._changed(Outcome(False, f"Launch runs at least one step, got steps={steps!r}"))
         if self.step_fn is None:
             return self._changed(Outcome(False, "Launch needs the training step: open the editor with av.editor(fn, *args)"))
         if not self.graph.batch_argnums:
@@ -433,7 +435,9 @@ class EditorSession:
             args = tuple(repeat_batch(a, m) if i in self.graph.batch_argnums else a
                          for i, a in enumerate(self.example_args))
             with self._working("launching"):
-                step = parallelize(self.step_fn, self.plan, example_args=args, batch_argnums=self.graph.batch_argnums)
+                # The last step is timed (the ones before it compile and warm up): its timeline is drawn.
+                step = parallelize(self.step_fn, self.plan, example_args=args, batch_argnums=self.graph.batch_argnums,
+                                   record_trace=steps)
                 for done in range(steps):
                     self._report("steps run", done, steps)
                     args = next_step_args(args, step(*args))

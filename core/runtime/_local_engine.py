@@ -55,8 +55,10 @@ class LocalEngine:
         t0 = time.perf_counter()
         absorbed: set[tuple[int, str, int]] = set()
         for ins in c.order:
-            start = time.perf_counter()
             runner = self.runners[ins.stage]
+            if record and ins.op == "run":
+                runner.compile_for(ins.role, ins.microbatch)
+            start = time.perf_counter()
             produced: list[Any] = []
             key = (ins.stage, ins.role, ins.microbatch)
             if ins.op == "run" and key in absorbed:

@@ -43,7 +43,7 @@ class ParallelStep:
     are never donated or mutated unless `donate=True`.
 
     Example:
-        >>> step = av.parallelize(train_step, plan)
+        >>> step = av.parallelize(train_step, plan, record_trace=10)  # time every 10th step
         >>> params, loss = step(params, batch)
         >>> print(step.last_trace().to_chrome_trace()[:80])
     """
@@ -59,7 +59,7 @@ class ParallelStep:
         loss_reduction: str = "auto",
         donate: bool = False,
         engine: Engine = "local",
-        record_trace: bool = True,
+        record_trace: bool | int = False,
         ray_options: dict[str, Any] | None = None,
         compiler_options: dict[str, Any] | None = None,
         transport: str = "xla",
@@ -79,7 +79,8 @@ class ParallelStep:
         self.loss_reduction = check_loss_reduction(loss_reduction)
         self.donate = donate
         self.engine_kind = engine
-        self.record_trace = record_trace
+        self.trace_every = trace_interval(record_trace)
+        self.steps_run = 0
         self.ray_options = {"transport": transport, **(ray_options or {})}
         self.compiler_options = dict(compiler_options or {})
         self._graph = graph
@@ -105,7 +106,8 @@ class ParallelStep:
     def last_trace(self) -> Timeline:
         """The measured timeline of the last step (source="measured"), same shape as the predicted one."""
         if self._last_trace is None:
-            raise ValueError("no step has run with record_trace=True yet")
+            raise ValueError("no step has been timed yet: record_trace=True times every step, record_trace=N "
+                             "every Nth (the default, False, times none)")
         return self._last_trace
 
     @staticmethod
@@ -152,8 +154,10 @@ class ParallelStep:
             check_same_static(graph.static_inputs, args)
         leaves = graph.arguments(args)
         check_args(self.compiled, leaves)
-        outs, events = self._engine.step(leaves, self.record_trace)
-        if self.record_trace:
+        self.steps_run += 1
+        timed = self.trace_every > 0 and self.steps_run % self.trace_every == 0
+        outs, events = self._engine.step(leaves, timed)
+        if timed:
             self._last_trace = Timeline(
                 events=tuple(events),
                 num_stages=self.plan.num_stages,
@@ -172,6 +176,16 @@ class ParallelStep:
         self.compiled = None
 
 
+def trace_interval(record_trace: bool | int) -> int:
+    """Time every how many steps (0: never) for `record_trace`: False, True (every step) or N (every Nth)."""
+    if isinstance(record_trace, bool):
+        return int(record_trace)
+    if isinstance(record_trace, int) and record_trace >= 1:
+        return record_trace
+    raise ValueError(f"record_trace must be False, True or a step interval N >= 1 (time every Nth step), "
+                     f"got {record_trace!r}")
+
+
 def _is_remote(x: Any) -> bool:
     return type(x).__name__ == "RemoteValue" and hasattr(x, "handle")
 
@@ -186,7 +200,7 @@ def parallelize(
     loss_reduction: str = "auto",
     donate: bool = False,
     engine: Engine = "local",
-    record_trace: bool = True,
+    record_trace: bool | int = False,
     ray_options: dict[str, Any] | None = None,
     compiler_options: dict[str, Any] | None = None,
     transport: str = "xla",
@@ -203,10 +217,13 @@ def parallelize(
     `av.Cluster.ray`/`ray_options`); `transport` moves tensors between hosts:
     "xla" (the actors form one JAX world; XLA's cross-host transfers, each
     byte once, the receiver completing its layout inside its mesh),
-    "object_store" (numpy through Ray) or "nccl" (cupy, GPUs only).  `record_trace` blocks after every
-    instruction to time it (`step.last_trace()`); turn it off for speed:
-    untimed local steps also fuse a mesh's back-to-back forward and backward
-    (and, for one stage and one microbatch, the update) into one executable.
+    "object_store" (numpy through Ray) or "nccl" (cupy, GPUs only).
+    `record_trace` times steps for `step.last_trace()`: True every step, N
+    every Nth (the Nth, 2Nth, ... call), False (the default) none.  A timed
+    step blocks after every instruction and runs each task on its own, so it
+    is slower than the untimed steps, which also fuse a mesh's back-to-back
+    forward and backward (and, for one stage and one microbatch, the update)
+    into one executable.
     `compiler_options` go to every stage's `jax.jit` (e.g.
     `{"xla_backend_optimization_level": 0}` to compile faster).
 

@@ -148,7 +148,7 @@ def tied_pipeline():
     graph = av.trace(step, params, batch)
     plan = manual_plan(graph, av.Cluster.local(), stage_cuts=(1, 2, 3), logical_meshes=(2, 1),
                        partition_specs=data_parallel_specs(graph), schedule=Schedule("1f1b", 4))
-    parallel = parallelize(step, plan, compiler_options=FAST_COMPILE)
+    parallel = parallelize(step, plan, record_trace=True, compiler_options=FAST_COMPILE)
     parallel(params, batch)
     return step, params, batch, graph, plan, parallel
 
@@ -278,19 +278,34 @@ def test_a_stage_that_fails_to_run_names_the_stage_and_mesh():
 
 
 @pytest.mark.parametrize("layout", ["data_parallel", "pipeline2"])
-def test_untimed_steps_fuse_back_to_back_tasks_and_still_match(layout):
+def test_steps_are_untimed_by_default_and_record_trace_n_times_every_nth(layout):
     step, params, batch = mlp()
     graph = av.trace(step, params, batch)
     reference = _single_device_steps(step, params, batch)
     plan = manual_plan(graph, av.Cluster.local(), partition_specs=_specs(layout, graph, mlp_megatron(graph)),
                        **LAYOUTS[layout])
-    parallel = parallelize(step, plan, record_trace=False, compiler_options=FAST_COMPILE)
-    _assert_matches(parallel, params, batch, reference)
-    fused = {roles for runner in parallel._engine.runners for roles in runner._fns}
+    untimed = parallelize(step, plan, compiler_options=FAST_COMPILE)
+    _assert_matches(untimed, params, batch, reference)
+    # Untimed steps run back-to-back tasks as one executable.
+    fused = {roles for runner in untimed._engine.runners for roles in runner._fns}
     expected = {("forward", "backward", "update")} if layout == "data_parallel" else {("forward", "backward")}
     assert expected <= fused
-    with pytest.raises(ValueError, match="no step has run with record_trace=True"):
-        parallel.last_trace()
+    with pytest.raises(ValueError, match="no step has been timed yet: record_trace=True"):
+        untimed.last_trace()
+    sampled = parallelize(step, plan, record_trace=2, compiler_options=FAST_COMPILE)
+    p, traces = params, []
+    for i in range(STEPS):  # steps 1 and 3 untimed, step 2 timed; all three match
+        p, loss = sampled(p, batch)
+        np.testing.assert_allclose(float(loss), reference[i][1], rtol=1e-5)
+        try:
+            traces.append(sampled.last_trace())
+        except ValueError:
+            traces.append(None)
+    assert traces[0] is None and traces[1] is not None and traces[2] is traces[1]
+    runs = sum(1 for lst in sampled.instructions for i in lst if i.op == "run")
+    assert sum(1 for e in traces[1].events if e.kind in ("forward", "backward", "update")) == runs
+    with pytest.raises(ValueError, match="record_trace must be False, True or a step interval"):
+        parallelize(step, plan, record_trace=0)
 
 
 COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\(")
@@ -300,7 +315,7 @@ def test_compiled_stages_hold_the_collectives_of_their_parallelism():
     step, params, batch = mlp()
     graph = av.trace(step, params, batch)
     dp = parallelize(step, manual_plan(graph, av.Cluster.local(), partition_specs=data_parallel_specs(graph)),
-                     compiler_options=FAST_COMPILE)
+                     record_trace=True, compiler_options=FAST_COMPILE)  # timed: each task its own executable
     dp(params, batch)
     runner = dp._engine.runners[0]
     # Data parallel: the forward only all-reduces the scalar loss; the backward all-reduces gradients.
@@ -310,7 +325,8 @@ def test_compiled_stages_hold_the_collectives_of_their_parallelism():
     backward = re.findall(r"= (.+?) all-reduce(?:-start)?\(", runner.compiled_text("backward"))
     assert any("f32[32,32]" in shape for shape in backward)  # weight-sized gradients
     tp = parallelize(step, manual_plan(graph, av.Cluster.local(), logical_meshes=(1, 8),
-                                       partition_specs=mlp_megatron(graph)), compiler_options=FAST_COMPILE)
+                                       partition_specs=mlp_megatron(graph)), record_trace=True,
+                     compiler_options=FAST_COMPILE)
     tp(params, batch)
     # Megatron pairs (column split, then row split): one all-reduce per pair of layers forward.
     forward = [m[0] for m in COLLECTIVE.findall(tp._engine.runners[0].compiled_text("forward"))]
