@@ -1,9 +1,10 @@
 """One host of a Ray run: a JAX process that owns its host's stages and does what the driver says.
 
-Each actor is its own JAX process with its own devices (for tests: K
-virtual CPU devices, set through `XLA_FLAGS` before JAX starts its
-backend).  With the `"xla"` transport the actors first join one JAX world
-(`jax.distributed`, gloo collectives on CPUs), so a transfer between two
+Each actor is its own JAX process with its own devices: the GPUs Ray gave
+it when the actors ask for GPUs, otherwise K virtual CPU devices (set
+through `XLA_FLAGS` before JAX starts its backend).  With the `"xla"`
+transport the actors first join one JAX world (`jax.distributed`; gloo
+collectives on CPUs, NCCL on GPUs), so a transfer between two
 hosts is XLA's own cross-host `device_put`; its sockets bind to the address
 Ray gives the node, never to every interface.
 """
@@ -61,13 +62,17 @@ def _wait_until_ready(values: Any, timeout_s: float) -> None:
 class HostActor:
     """Owns the stages of one host.  Created through `ray.remote`; methods run in the actor."""
 
-    def __init__(self, host: int, devices_per_host: int) -> None:
-        flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
-        flags.append(f"--xla_force_host_platform_device_count={devices_per_host}")
-        os.environ["XLA_FLAGS"] = " ".join(flags)
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        # JAX reads XLA_FLAGS when its backend starts: at the first jax.devices() or jax.distributed call.
+    def __init__(self, host: int, devices_per_host: int, platform: str = "cpu") -> None:
+        # JAX reads these when its backend starts: at the first jax.devices() or jax.distributed call.
+        if platform == "cpu":  # K virtual CPU devices
+            flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+            flags.append(f"--xla_force_host_platform_device_count={devices_per_host}")
+            os.environ["XLA_FLAGS"] = " ".join(flags)
+            os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        else:  # the GPUs Ray gave this actor (CUDA_VISIBLE_DEVICES)
+            os.environ.setdefault("JAX_PLATFORMS", "cuda")
         self.host = host
+        self.platform = platform
         self.devices_per_host = devices_per_host
         self.runners: dict[int, Any] = {}
         self.kept: dict[str, Any] = {}
@@ -93,7 +98,8 @@ class HostActor:
         """Join the run's JAX world; returns the address this process's transfer socket listens on."""
         address = self.node_address()
         listen = f"{address}:{free_port(address)}"
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        if self.platform == "cpu":  # collectives between CPU processes; GPUs use NCCL
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.config.update("jax_cross_host_transfer_socket_address", listen)
         jax.config.update("jax_cross_host_transport_addresses", ",".join([f"{address}:0"] * 4))
         jax.config.update("jax_cross_host_transfer_timeout_seconds", int(transfer_timeout_s))
@@ -124,6 +130,11 @@ class HostActor:
                 f"({expected_fingerprint}); use the same JAX and model code on every host"
             )
         devices = jax.local_devices()
+        if len(devices) < self.devices_per_host:
+            ask = (f"actor_options={{'num_gpus': {self.devices_per_host}}}" if self.platform == "gpu"
+                   else "a Cluster whose devices_per_host this host can hold")
+            raise ValueError(f"host {self.host} has {len(devices)} {devices[0].platform} devices but the plan's "
+                             f"cluster puts {self.devices_per_host} on each host; give each actor them: {ask}")
         base = self.host * self.devices_per_host
         self.compiled = compiled
         self.transport = make_transport(transport, **(transport_options or {}))
@@ -147,6 +158,8 @@ class HostActor:
             self.runners[stage].put_input(name, payload, microbatch)
 
     def run(self, stage: int, role: str, microbatch: int, record: bool) -> tuple[float, float]:
+        if record:
+            self.runners[stage].compile_for(role, microbatch)
         start = time.time()
         produced = self.runners[stage].run(role, microbatch)
         if record:

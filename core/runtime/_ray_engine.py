@@ -48,6 +48,20 @@ class RemoteValue:
         return value if dtype is None else value.astype(dtype)
 
 
+def actor_platform(actor_options: dict[str, Any] | None) -> str:
+    """"gpu" when the host actors ask Ray for GPUs (`num_gpus`, or `JAX_PLATFORMS` cuda/gpu in their
+    runtime_env), else "cpu" (virtual CPU devices, gloo)."""
+    options = actor_options or {}
+    env = (options.get("runtime_env") or {}).get("env_vars") or {}
+    wants = env.get("JAX_PLATFORMS", "").split(",")[0].strip().lower()
+    if wants in ("cuda", "gpu", "rocm") or (options.get("num_gpus") or 0) > 0:
+        if wants == "cpu":
+            raise ValueError("actor_options ask Ray for GPUs but set JAX_PLATFORMS=cpu in the actors' runtime_env; "
+                             "drop one of the two")
+        return "gpu"
+    return "cpu"
+
+
 class RayEngine:
     """Drives one `HostActor` per host of the plan's cluster through the instruction order.
 
@@ -104,7 +118,8 @@ class RayEngine:
         self._transfers: dict[tuple, Transfer] = {}  # per cross-host edge (a transfer key less its microbatch)
         # e.g. actor_options={"num_gpus": 1}: each host actor gets its GPUs (Ray hides GPUs not asked for)
         actor_cls = ray.remote(**{"num_cpus": 1, "max_restarts": 0, **(actor_options or {})})(HostActor)
-        self.actors = {h: actor_cls.remote(h, per_host) for h in hosts}
+        self.platform = actor_platform(actor_options)
+        self.actors = {h: actor_cls.remote(h, per_host, self.platform) for h in hosts}
         # Plan device id -> index in the JAX world's device list (processes in host order, each its devices).
         rank = {h: i for i, h in enumerate(hosts)}
         self._world = {d: rank[d // per_host] * per_host + d % per_host
@@ -129,7 +144,8 @@ class RayEngine:
             nccl_id = self._gather([self.actors[hosts[0]].nccl_unique_id.remote()], timeout=120)[0]
             options = {h: {"nccl_id": nccl_id, "world_size": len(hosts) * per_host, "first_rank": rank[h] * per_host}
                        for h in hosts}
-        self.hardware = f"Ray: {len(hosts)} host actors x {per_host} devices, transport {self.transport}"
+        self.hardware = (f"Ray: {len(hosts)} host actors x {per_host} {self.platform.upper()} devices, "
+                         f"transport {self.transport}")
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x)), tuple(args))
         expected = graph_fingerprint(compiled.graph)
         self._gather([

@@ -9,7 +9,8 @@ DLPack (`cupy.from_dlpack`, `jax.dlpack.from_dlpack`).  One NCCL
 communicator spans every device of the run (rank = the device's index in
 the run's device order); sends and receives are matched because the
 driver posts both halves of each transfer at the same place in one global
-order.
+order.  Each transfer's sends (and receives) of one process are one NCCL
+group, as NCCL requires when one thread drives several ranks.
 """
 
 from __future__ import annotations
@@ -60,41 +61,53 @@ class NcclTransport:
         devices = np.array([self._device_of[r] for r in ranks[:layout.pieces]])
         return NamedSharding(Mesh(devices, ("boundary",)), spec)
 
-    def _stream(self) -> int:
-        return self._cupy.cuda.get_current_stream().ptr
+    def _grouped(self, calls: list[tuple[int, Any]]) -> None:
+        """Issue point-to-point calls, each `(rank, call(comm, stream))`, as one NCCL group: a process that
+        drives several GPUs must, or a send on one rank waits for a receive its own thread has not posted."""
+        cupy, nccl = self._cupy, self._nccl
+        nccl.groupStart()
+        try:
+            for rank, call in calls:
+                with cupy.cuda.Device(self._device_of[rank].local_hardware_id):
+                    call(self._comms[rank], cupy.cuda.get_current_stream().ptr)
+        finally:
+            nccl.groupEnd()
 
     def send(self, transfer: Transfer, values: Mapping[str, Any]) -> None:
         cupy, nccl = self._cupy, self._nccl
+        rank_of = {d: r for r, d in self._device_of.items()}
+        calls = []
         for i, t in enumerate(transfer.tensors):
             staged = jax.device_put(values[t], self._boundary(transfer, i, transfer.src_devices))
             jax.block_until_ready(staged)  # JAX's stream is done with it before NCCL's reads it
-            shards = sorted(staged.addressable_shards, key=lambda s: transfer.src_devices.index(
-                next(r for r, d in self._device_of.items() if d == s.device)))
+            shards = sorted(staged.addressable_shards, key=lambda s: transfer.src_devices.index(rank_of[s.device]))
             for k, shard in enumerate(shards):
                 src, dst = transfer.src_devices[k], transfer.dst_devices[k]
                 with cupy.cuda.Device(self._device_of[src].local_hardware_id):
                     buffer = cupy.from_dlpack(shard.data)
-                    self._comms[src].send(buffer.data.ptr, buffer.size, _nccl_dtype(nccl, buffer.dtype), dst,
-                                          self._stream())
-                    self._in_flight.append(buffer)
+                calls.append((src, lambda comm, stream, b=buffer, dst=dst: comm.send(
+                    b.data.ptr, b.size, _nccl_dtype(nccl, b.dtype), dst, stream)))
+                self._in_flight.append(buffer)
             self._in_flight.append(staged)
+        self._grouped(calls)
 
     def expect(self, transfer: Transfer) -> dict[str, Any]:
-        """Post a receive per slab into fresh buffers (not waited for here: `receive` waits)."""
+        """Post a receive per slab into fresh buffers, as one group (not waited for here: `receive` waits)."""
         cupy, nccl = self._cupy, self._nccl
-        posted = {}
+        posted, calls = {}, []
         for i, t in enumerate(transfer.tensors):
             sharding = self._boundary(transfer, i, transfer.dst_devices)
             dtype = np.dtype(transfer.dtypes[i])
             buffers = []
             for k in range(len(sharding.device_set)):
-                dst = transfer.dst_devices[k]
+                src, dst = transfer.src_devices[k], transfer.dst_devices[k]
                 with cupy.cuda.Device(self._device_of[dst].local_hardware_id):
                     buffer = cupy.empty(sharding.shard_shape(transfer.shapes[i]), dtype=dtype)
-                    self._comms[dst].recv(buffer.data.ptr, buffer.size, _nccl_dtype(nccl, dtype),
-                                          transfer.src_devices[k], self._stream())
-                    buffers.append((dst, buffer))
+                calls.append((dst, lambda comm, stream, b=buffer, src=src: comm.recv(
+                    b.data.ptr, b.size, _nccl_dtype(nccl, b.dtype), src, stream)))
+                buffers.append((dst, buffer))
             posted[t] = (sharding, buffers)
+        self._grouped(calls)
         return posted
 
     def receive(self, transfer: Transfer, arrived: Mapping[str, Any], dst_shardings: Mapping[str, Any]) -> dict[str, Any]:

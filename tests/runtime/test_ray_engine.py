@@ -1,6 +1,8 @@
 """The Ray engine on two host actors of 4 virtual CPU devices each: numerics against `jax.jit`, the bytes
 that cross the host boundary, and the errors a user gets when a host dies or a transfer never arrives."""
 
+import subprocess
+
 import jax
 import numpy as np
 import pytest
@@ -8,11 +10,11 @@ import pytest
 import alpaviz as av
 from alpaviz.core.plan._manual_plan import data_parallel_specs, manual_plan
 from alpaviz.core.plan._plan import Schedule
-from alpaviz.core.runtime import StageError
-from alpaviz.core.runtime._ray_engine import RemoteValue
-from alpaviz.core.runtime._transport import check_transport
+import ray
 
-ray = pytest.importorskip("ray")
+from alpaviz.core.runtime import StageError
+from alpaviz.core.runtime._ray_engine import RemoteValue, actor_platform
+from alpaviz.core.runtime._transport import check_transport
 
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 STEPS = 3
@@ -47,7 +49,7 @@ def _launch(model: str, layout: str, **options):
     step, params, batch = _model(model)
     plan = _plan(av.trace(step, params, batch), layout)
     parallel = av.parallelize(step, plan, engine="ray", example_args=(params, batch), compiler_options=FAST_COMPILE,
-                              **options)
+                              record_trace=True, **options)
     return step, params, batch, plan, parallel
 
 
@@ -150,25 +152,37 @@ def test_nccl_on_hosts_without_a_gpu_is_a_clear_error_naming_the_alternatives(lo
 
 
 def _gpus() -> int:
+    """CUDA GPUs on this machine (the driver's JAX runs on CPU in the tests; Ray hands GPUs to actors)."""
     try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() if cupy.is_available() else 0
-    except Exception:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
         return 0
+    return sum(1 for line in listed.splitlines() if line.startswith("GPU "))
+
+
+def test_host_actors_run_on_the_gpus_they_ask_ray_for_and_on_cpus_otherwise():
+    assert actor_platform(None) == actor_platform({"num_cpus": 2}) == "cpu"
+    assert actor_platform({"num_gpus": 1}) == "gpu"  # the README's recipe
+    assert actor_platform({"runtime_env": {"env_vars": {"JAX_PLATFORMS": "cuda"}}}) == "gpu"
+    with pytest.raises(ValueError, match="JAX_PLATFORMS=cpu"):
+        actor_platform({"num_gpus": 1, "runtime_env": {"env_vars": {"JAX_PLATFORMS": "cpu"}}})
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(_gpus() < 2, reason="the NCCL transport needs two CUDA GPUs (one per host actor)")
-def test_nccl_transport_between_two_gpu_hosts_matches_jit(local_ray):
+@pytest.mark.skipif(_gpus() < 2, reason="two host actors of one GPU each need two CUDA GPUs")
+@pytest.mark.parametrize("transport", ["xla", "nccl"])
+def test_two_gpu_hosts_as_the_readme_launches_them_match_jit(local_ray, transport):
+    if transport == "nccl":
+        pytest.importorskip("cupy", reason="the nccl transport needs the optional gpu extra (cupy)")
     step, params, batch = _model("mlp")
     graph = av.trace(step, params, batch)
     plan = manual_plan(graph, av.Cluster.ray(num_hosts=2, devices_per_host=1), stage_cuts=(2,),
                        schedule=Schedule("1f1b", 2))
-    gpu_actor = {"num_gpus": 1, "runtime_env": {"env_vars": {"JAX_PLATFORMS": "cuda"}}}  # JAX on its GPU
-    parallel = av.parallelize(step, plan, engine="ray", transport="nccl", example_args=(params, batch),
+    gpu_actor = {"num_gpus": 1}  # the README's recipe: the actor runs JAX on the GPU Ray gives it
+    parallel = av.parallelize(step, plan, engine="ray", transport=transport, example_args=(params, batch),
                               ray_options={"actor_options": gpu_actor})
     try:
+        assert "GPU devices" in parallel._engine.hardware
         _run_against_jit(step, params, batch, parallel)
     finally:
         parallel.close()
