@@ -37,7 +37,6 @@ from alpaviz.core.plan import (
 )
 
 
-
 def solve(
     fn_or_graph: Callable[..., Any] | OpGraph,
     *args: Any,
@@ -330,16 +329,13 @@ def assemble_plan(
 ) -> Plan:
     """Turn a DP solution into a Plan with per-stage costs and a step-time breakdown.
 
-    The step breakdown: `bubble_s` is the fill and drain (sum of stage times
-    minus the slowest), `cross_stage_s` the slowest stage's boundary
-    transfers over all microbatches, and the rest is split into compute,
-    communication and resharding in proportion to the stages' totals.
+    The step's breakdown is `step_breakdown`'s.
     """
     cluster, profiles = setup.cluster, setup.profiles
     n = len(solution.stages)
     meshes = [setup.table.meshes[s.mesh] for s in solution.stages]
     firsts = stage_offsets(setup.table, solution.stages)
-    stages, recvs, totals = [], [], {"compute_s": 0.0, "communication_s": 0.0, "resharding_s": 0.0}
+    stages = []
     statuses = set()
     for i, (choice, mesh, first) in enumerate(zip(solution.stages, meshes, firsts)):
         profiled = profiled_mesh(profiles, choice.mesh)
@@ -348,7 +344,6 @@ def assemble_plan(
         fwd = sum(p.forward_s for _, p in rows)
         bwd = sum(p.backward_s for _, p in rows)
         recv_in, recv_back = setup.table.cut_times(choice, first)
-        recvs.append(recv_in + recv_back)
         step_bytes = profiles.step_recv_bytes(choice.start, choice.stop)
         step_recv = setup.cost_model.send_recv(step_bytes, step_link(cluster)) if step_bytes else 0.0
         memory = functools.reduce(operator.add, (p.memory for _, p in rows)).with_in_flight(
@@ -359,8 +354,6 @@ def assemble_plan(
             at = (choice.start, choice.stop, choice.mesh)
             memory = dataclasses.replace(memory, activations=float(setup.table.activation_bytes[at]),
                                          temporaries=float(setup.table.temp_bytes[at]))
-        for key in totals:
-            totals[key] += sum(getattr(p, key) for _, p in rows)
         strategies: dict[str, str] = {}
         specs: dict[str, Any] = {}
         edges: list[tuple[str, str, float]] = []
@@ -383,25 +376,11 @@ def assemble_plan(
                 resharding_s=sum(p.resharding_s for _, p in rows),
                 memory_bytes=memory.peak, activation_bytes=memory.activations, memory=memory,
                 recv_forward_s=recv_in, recv_backward_s=recv_back, recv_update_s=step_recv,
+                step_communication_s=sum(p.step_communication_s for _, p in rows) + step_recv,
             ),
         ))
-    times = [s.cost.microbatch_s for s in stages]
-    slowest = max(range(n), key=lambda i: times[i])
-    step = solution.objective_s
-    bubble = sum(times) - times[slowest]
-    cross = num_microbatches * recvs[slowest]
-    rest = max(step - bubble - cross, 0.0)
-    weight = sum(totals.values()) or 1.0
-    predicted = PredictedCost(
-        step_time_s=step,
-        compute_s=rest * totals["compute_s"] / weight,
-        communication_s=rest * totals["communication_s"] / weight,
-        resharding_s=rest * totals["resharding_s"] / weight,
-        cross_stage_s=cross,
-        bubble_s=bubble,
-        max_memory_bytes=max(s.cost.memory_bytes for s in stages),
-        memory_limit_bytes=setup.memory_limit_bytes,
-    )
+    predicted = step_breakdown([s.cost for s in stages], num_microbatches, solution.objective_s,
+                               setup.memory_limit_bytes)
     if "time_limited" in statuses:
         status = "time_limited"
     elif not exact or statuses - {"optimal", "pinned"}:
@@ -420,5 +399,38 @@ def assemble_plan(
         model=setup.graph.name, graph_fingerprint=graph_fingerprint(setup.graph), cluster=cluster,
         cost_model=setup.cost_model, layers=layers, stages=tuple(stages),
         schedule=Schedule(schedule, num_microbatches), predicted=predicted, pins=pins,
-        solver=SolverInfo(status=status, seconds=seconds, objective=step, notes=tuple(notes)),
+        solver=SolverInfo(status=status, seconds=seconds, objective=solution.objective_s, notes=tuple(notes)),
+    )
+
+
+def step_breakdown(costs: Sequence[StageCost], num_microbatches: int, step_s: float,
+                   memory_limit_bytes: float) -> PredictedCost:
+    """Where the step's time goes, along its critical path: the slowest stage runs every microbatch.
+
+    Per-microbatch terms count `num_microbatches` times, once-per-step ones
+    (the updates, the gradient reductions) once: `compute_s` is the slowest
+    stage's computation per microbatch times the count plus the updates'
+    computation, `communication_s` likewise with its collectives and the
+    once-per-step reductions, `cross_stage_s` its boundary transfers over all
+    microbatches, and `bubble_s` the fill and drain (the other stages' times).
+    The five add up to `step_s`.
+    """
+    b = num_microbatches
+    slowest = max(costs, key=lambda c: c.microbatch_s)
+    bubble = sum(c.microbatch_s for c in costs) - slowest.microbatch_s
+    recv = slowest.recv_forward_s + slowest.recv_backward_s
+    per_mb_comm = max(slowest.communication_s - slowest.step_communication_s - recv, 0.0)
+    per_mb_compute = max(slowest.microbatch_s - recv - per_mb_comm - slowest.resharding_s, 0.0)
+    tail = max(step_s - b * slowest.microbatch_s - bubble, 0.0)  # the once-per-step work on the path
+    updates = sum(c.update_s for c in costs)
+    tail_comm = tail * min(sum(c.step_communication_s for c in costs) / updates, 1.0) if updates > 0 else 0.0
+    return PredictedCost(
+        step_time_s=step_s,
+        compute_s=b * per_mb_compute + tail - tail_comm,
+        communication_s=b * per_mb_comm + tail_comm,
+        resharding_s=b * slowest.resharding_s,
+        cross_stage_s=b * recv,
+        bubble_s=bubble,
+        max_memory_bytes=max(c.memory_bytes for c in costs),
+        memory_limit_bytes=memory_limit_bytes,
     )

@@ -187,6 +187,7 @@ def analytic_stage_cost(
         memory_bytes=memory.peak,
         activation_bytes=memory.activations,
         memory=memory,
+        step_communication_s=grad_sync,
     )
     return ShardingPlan(
         mesh_shape=mesh.shape,

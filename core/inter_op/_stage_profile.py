@@ -89,7 +89,8 @@ class LayerProfile:
     """Cost of one layer on one logical mesh, with its shardings by position in the layer.
 
     Times are per microbatch (`update_s` per step); `memory` per device,
-    with one microbatch in flight.
+    with one microbatch in flight.  `step_communication_s` is the part of
+    `communication_s` (and of `update_s`) paid once per step.
     """
 
     forward_s: float
@@ -105,6 +106,7 @@ class LayerProfile:
     status: str = "optimal"
     feasible: bool = True
     reason: str = ""
+    step_communication_s: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -136,7 +138,7 @@ class LayerProfile:
         return cls(
             forward_s=c.forward_s, backward_s=c.backward_s, update_s=c.update_s,
             compute_s=c.compute_s, communication_s=c.communication_s, resharding_s=c.resharding_s,
-            memory=c.memory,
+            memory=c.memory, step_communication_s=c.step_communication_s,
             strategies=tuple((node_pos[n], s) for n, s in plan.strategies if n in node_pos),
             partition_specs=tuple((tensor_pos[t], s) for t, s in plan.partition_specs if t in tensor_pos),
             resharding_edges=tuple((node_pos[n], tensor_pos[t], sec) for n, t, sec in plan.resharding_edges

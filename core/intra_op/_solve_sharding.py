@@ -370,7 +370,7 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
     strategies: list[tuple[str, str]] = []
     specs: dict[str, Spec] = {}
     by_role = {"forward": 0.0, "backward": 0.0, "update": 0.0}
-    compute = comm = resharding = 0.0
+    compute = comm = resharding = step_comm = 0.0
     edges: list[tuple[str, str, float]] = []
 
     def spec_of(t: str) -> Spec:
@@ -404,6 +404,8 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
         by_role[node.role] += strategy.compute_s + moved
         # A gradient's reduction is deferred to the end of the step: it is update time.
         by_role["update" if name in weights.deferred else node.role] += strategy.communication_s
+        if name in weights.deferred:
+            step_comm += strategy.communication_s
     for name in simp.nodes:
         node = graph.node(name)
         if node.primitive in IDENTITY:
@@ -418,7 +420,7 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
                 specs[t] = spec_of(t) if t in simp.group_of_tensor else replicated(len(graph.tensor(t).shape))
     memory = memory_model.breakdown(choice)
     cost = ShardingCost(compute, comm, resharding, by_role["forward"], by_role["backward"], by_role["update"],
-                        memory.peak, memory.activations, memory)
+                        memory.peak, memory.activations, memory, step_communication_s=step_comm)
     notes = (f"{len(simp.groups)} decision groups from {simp.nodes_before} operators",)
     return ShardingPlan(
         mesh_shape=tuple(mesh.shape),  # type: ignore[arg-type]

@@ -61,7 +61,9 @@ class StageCost:
     activations of the microbatches the schedule keeps in flight, and the
     largest operator's working set); `memory` splits it.  `recv_forward_s`,
     `recv_backward_s` and `recv_update_s` are the parts of `forward_s`,
-    `backward_s` and `update_s` spent receiving from other stages.
+    `backward_s` and `update_s` spent receiving from other stages;
+    `step_communication_s` the part of `communication_s` paid once per step
+    (gradient reductions, `recv_update_s`), the rest being per microbatch.
     """
 
     forward_s: float
@@ -76,6 +78,7 @@ class StageCost:
     recv_forward_s: float = 0.0
     recv_backward_s: float = 0.0
     recv_update_s: float = 0.0
+    step_communication_s: float = 0.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

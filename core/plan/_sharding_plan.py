@@ -16,6 +16,10 @@ class ShardingCost:
 
     `memory_bytes` is the peak with one microbatch in flight (`memory.peak`);
     `activation_bytes` what one microbatch keeps for its backward pass.
+    `update_s` and `compute_s` include the update's work, and `update_s` and
+    `communication_s` the reductions paid once per step (`step_communication_s`:
+    data parallelism's gradient all-reduces), so the step's breakdown can
+    count the rest once per microbatch and these once.
     """
 
     compute_s: float
@@ -27,6 +31,7 @@ class ShardingCost:
     memory_bytes: float
     activation_bytes: float
     memory: MemoryBreakdown = MemoryBreakdown()
+    step_communication_s: float = 0.0
 
     @property
     def total_s(self) -> float:

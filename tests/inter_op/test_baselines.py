@@ -112,3 +112,20 @@ def test_planner_never_loses_to_data_parallel_under_the_ilp(model):
     plan = av.solve(graph, **options)
     dp = av.baselines.data_parallel(graph, **options)
     assert plan.predicted.step_time_s <= dp.predicted.step_time_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("stage_cost", ["ilp", "analytic"])
+def test_the_breakdown_counts_per_microbatch_work_per_microbatch_and_sums_to_the_step(gpt, stage_cost):
+    """Data parallel and a pipeline do the same FLOPs per device: their compute agrees, and the gradient
+    all-reduce paid once per step is not booked against it."""
+    options = dict(cluster=av.Cluster.a100_node(1, 8), num_microbatches=32, cache=StageProfileCache(),
+                   progress=False, stage_cost=analytic_stage_cost if stage_cost == "analytic" else None)
+    dp = av.baselines.data_parallel(gpt, **options)
+    grid = dict(av.baselines.megatron_grid(gpt, return_all=True, **options))
+    pipeline = grid["dp4 x tp1 x pp2"]
+    for plan in (dp, pipeline):
+        p = plan.predicted
+        parts = p.compute_s + p.communication_s + p.resharding_s + p.cross_stage_s + p.bubble_s
+        assert parts == pytest.approx(p.step_time_s, rel=1e-6)
+    assert dp.predicted.compute_s == pytest.approx(pipeline.predicted.compute_s, rel=0.2)
+    assert dp.predicted.compute_s > dp.predicted.communication_s  # hidden 512 on NVLink: compute-bound
