@@ -234,6 +234,8 @@ RUNTIME = [
     ("smaller_batch_later", lambda m: _call_with_batch(m, jax.tree.map(lambda x: x[:4], m["batch"])), ValueError,
      r"argument 'batch.labels' is int32\[4, 16\].*int32\[8, 16\].*2 microbatches of 4"),
     ("first_call_other_dtype", _first_call_other_dtype, ValueError, r"different operator graph.*batch\.labels: int16"),
+    ("record_trace_zero", lambda m: av.parallelize(m["step"], m["plan"], record_trace=0), ValueError,
+     "record_trace must be False, True or a step interval N >= 1"),
 ]
 
 
@@ -270,6 +272,8 @@ TRACING = [
     ("update_reads_the_loss", _update_reads_the_loss, StepStructureError, r"runs once per step.*test_bad_inputs\.py"),
     ("batch_argnums_out_of_range", lambda m: av.trace(m["step"], m["params"], m["batch"], batch_argnums=(5,)),
      ValueError, "names argument 5, but the step takes 2"),
+    ("model_zoo_setting_typo", lambda m: av.models.gpt(num_layers=2, batch=8), TypeError,
+     r"GPT has no setting batch; its settings are \[.*'hidden'.*batch_size"),
     ("solve_given_a_graph_and_args", lambda m: av.solve(m["graph"], m["params"], cluster=av.Cluster.local()),
      ValueError, "takes no example arguments"),
 ]

@@ -94,6 +94,11 @@ def resolve_config(config: Any, presets: dict[str, Any], default: Any, family: s
         if config not in presets:
             raise ValueError(f"unknown {family} size {config!r}; choose one of {sorted(presets)}")
         config = presets[config]
+    fields = {f.name for f in dataclasses.fields(default)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise TypeError(f"{family} has no setting {', '.join(unknown)}; its settings are {sorted(fields)} "
+                        f"(and the builder's own keywords, such as batch_size)")
     return dataclasses.replace(config or default, **overrides)
 
 
