@@ -374,6 +374,11 @@ class Plan:
             raise PlanFormatError(
                 f"plan.schema_version: this alpaviz reads version {SCHEMA_VERSION}, got {version!r}"
             )
+        stages, layers = data.get("stages"), data.get("layers")
+        if isinstance(stages, list) and isinstance(layers, list) and len(stages) > max(len(layers), 1):
+            # Checked before decoding: each stage holds at least one layer, and decoding 100k of them takes seconds.
+            raise PlanFormatError(f"plan.stages: {len(stages)} stages for {len(layers)} layers; each stage holds at "
+                                  f"least one layer")
         return from_jsonable(cls, data, "plan")
 
 

@@ -63,6 +63,16 @@ def test_not_json_is_refused():
         av.Plan.from_json("{stages: oops")
 
 
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    """Stage labels may hold brackets and escaped quotes; only the document's own brackets nest."""
+    label = 'x\\"' + "[" * 40 + '\\' * 2  # an escaped quote, 40 brackets, an escaped backslash
+    data = json.loads(_hand_plan().to_json())
+    data["model"] = label
+    assert av.Plan.from_json(json.dumps(data)).model == label
+    with pytest.raises(av.PlanFormatError, match="nested 33 levels"):  # outside a string they count
+        av.Plan.from_json("[" * 33 + "]" * 33)
+
+
 def test_pins_are_frozen_and_edits_return_new_pins():
     pins = av.Pins()
     p2 = pins.with_cut(3).with_cut(1).with_strategy("n1", "RR").with_partition_spec("params.w", (("x",), ()))
