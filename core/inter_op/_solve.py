@@ -24,7 +24,7 @@ from alpaviz.core.inter_op._pin_check import (
 )
 from alpaviz.core.inter_op._progress import Progress, ProgressFn
 from alpaviz.core.inter_op._setup import SolveSetup
-from alpaviz.core.inter_op._stage_cost import StageCostFn, default_stage_cost, ilp_available
+from alpaviz.core.inter_op._stage_cost import StageCostFn, default_stage_cost
 from alpaviz.core.inter_op._stage_dp import (
     MeshChoice, NoStagePlanError, ScheduleKind, StageChoice, StageSolution, in_flight,
     pipeline_latency, solve_stages, stage_offsets,
@@ -256,8 +256,6 @@ def prepare(
     meshes = tuple(meshes) if meshes is not None else mesh_choices(cluster, submeshes)
     fn = stage_cost if stage_cost is not None else default_stage_cost()
     name = getattr(fn, "__name__", type(fn).__name__)
-    if not ilp_available() and stage_cost is None:
-        name += " (analytic fallback: the intra-op ILP is not installed)"
     if profile:
         fn = measured_stage_cost(fn)
         name = f"measured on local devices (shardings from {name})"

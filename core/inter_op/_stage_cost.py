@@ -2,20 +2,18 @@
 
 The inter-op pass asks a `StageCostFn` for the cost of a set of operators on
 a logical mesh and gets back a `ShardingPlan`, the same record the intra-op
-ILP returns.  Three implementations plug in:
+ILP returns.  Two implementations plug in:
 
-* `ilp_stage_cost` calls the intra-op ILP (`core/_intra_op.solve_sharding`);
-* `analytic_stage_cost` is a closed-form fallback: data parallelism on mesh
-  axis 0 and Megatron-style tensor parallelism on axis 1, priced with the
-  same `CostModel`.  It is what the baselines use, and what the planner
-  uses when the ILP is not installed;
-* `default_stage_cost()` picks the ILP when it is available.
+* `ilp_stage_cost` calls the intra-op ILP (`core/intra_op.solve_sharding`),
+  the default (`default_stage_cost()`);
+* `analytic_stage_cost` is closed-form: data parallelism on mesh axis 0 and
+  Megatron-style tensor parallelism on axis 1, priced with the same
+  `CostModel`.  The baselines and the fast tests use it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from typing import Protocol, Sequence
 
 from alpaviz.core.cost import Cluster, CostModel, LogicalMesh
@@ -201,11 +199,6 @@ def analytic_stage_cost(
     )
 
 
-def ilp_available() -> bool:
-    """Whether the intra-op ILP module is installed in this checkout."""
-    return importlib.util.find_spec("alpaviz.core.intra_op._solve_sharding") is not None
-
-
 def ilp_stage_cost(
     graph: OpGraph,
     mesh: LogicalMesh,
@@ -223,5 +216,5 @@ def ilp_stage_cost(
 
 
 def default_stage_cost() -> StageCostFn:
-    """The ILP when it is installed, else the analytic fallback."""
-    return ilp_stage_cost if ilp_available() else analytic_stage_cost
+    """The intra-op ILP: what `solve` prices stages with unless told otherwise."""
+    return ilp_stage_cost

@@ -1,4 +1,4 @@
-"""The integer program behind the intra-operator pass, solved with pulp.
+"""The integer program behind the intra-operator pass, solved with HiGHS.
 
 Each group picks one option (one-hot binaries).  A pairwise cost between
 two groups depends only on the *class* of each side's option (the spec a
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import sys
 import time
-import warnings
 from typing import Hashable, Mapping, Sequence
+
+import numpy as np
 
 # Solver numbers are microseconds: second-scale costs sit below MIP tolerances.
 _SCALE = 1e6
@@ -109,10 +111,7 @@ def solve(problem: IlpProblem, time_limit_s: float = 60.0, objective: str = "cos
         choice = tuple(a[0] for a in allowed)
         status = "pinned" if _feasible_fixed(problem, choice) else "infeasible"
         return IlpResult(choice if status == "pinned" else None, status, time.perf_counter() - start, 0, 0)
-    with warnings.catch_warnings():
-        # pulp 3.x announces its 4.0 API on every variable; the 3.x calls used here still work.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return _solve_pulp(problem, allowed, time_limit_s, objective, start)
+    return _solve_highs(problem, allowed, time_limit_s, objective, start)
 
 
 def _feasible_fixed(problem: IlpProblem, choice: Sequence[int]) -> bool:
@@ -124,115 +123,199 @@ def _feasible_fixed(problem: IlpProblem, choice: Sequence[int]) -> bool:
     return True
 
 
-def _solve_pulp(problem: IlpProblem, allowed: list[tuple[int, ...]], time_limit_s: float,
-                objective: str, start: float) -> IlpResult:
-    import pulp
+class _Program:
+    """A mixed-integer program in HiGHS's own form: columns with bounds and costs, sparse rows.
 
-    model = pulp.LpProblem("sharding", pulp.LpMinimize)
-    x: dict[tuple[int, int], pulp.LpVariable] = {}
-    terms: list = []
-    constant = 0.0
+    Built straight into arrays: a modelling layer's per-term objects cost several times the solve
+    itself on these programs (tens of thousands of terms per layer, solved in milliseconds).
+    """
+
+    def __init__(self) -> None:
+        self.cost: list[float] = []
+        self.upper: list[float] = []
+        self.integer: list[bool] = []
+        self.row_lower: list[float] = []
+        self.row_upper: list[float] = []
+        self.row_start: list[int] = [0]
+        self.row_index: list[int] = []
+        self.row_value: list[float] = []
+        self.offset = 0.0
+
+    def column(self, cost: float = 0.0, *, binary: bool = False) -> int:
+        """A new column, binary or continuous in [0, inf); its index."""
+        self.cost.append(cost)
+        self.upper.append(1.0 if binary else math.inf)
+        self.integer.append(binary)
+        return len(self.cost) - 1
+
+    def row(self, terms: "_Affine", lower: float, upper: float) -> None:
+        """lower <= terms <= upper, with the terms' constant moved to the bounds."""
+        coefs, constant = terms
+        self.row_index.extend(coefs)
+        self.row_value.extend(coefs.values())
+        self.row_start.append(len(self.row_index))
+        self.row_lower.append(lower - constant)
+        self.row_upper.append(upper - constant)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_lower)
+
+    def solve(self, time_limit_s: float) -> tuple[str, list[float]]:
+        """The status and the column values (empty unless a solution was found)."""
+        import highspy
+
+        _quiet_highs_banner()
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = len(self.cost), self.num_rows
+        lp.col_cost_ = np.asarray(self.cost)
+        lp.col_lower_ = np.zeros(len(self.cost))
+        lp.col_upper_ = np.asarray(self.upper)
+        lp.row_lower_ = np.asarray(self.row_lower)
+        lp.row_upper_ = np.asarray(self.row_upper)
+        lp.offset_ = self.offset
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+        lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = lp.num_col_, lp.num_row_
+        lp.a_matrix_.start_ = np.asarray(self.row_start, dtype=np.int32)
+        lp.a_matrix_.index_ = np.asarray(self.row_index, dtype=np.int32)
+        lp.a_matrix_.value_ = np.asarray(self.row_value)
+        kinds = highspy.HighsVarType
+        lp.integrality_ = [kinds.kInteger if i else kinds.kContinuous for i in self.integer]
+        highs = highspy.Highs()
+        # These programs are near-integral at the LP root: presolve and the opening feasibility-jump
+        # heuristic cost more than they save (measured ~2x on GPT/MoE/WResNet layers, same optima).
+        for option, value in (("output_flag", False), ("time_limit", float(time_limit_s)),
+                              ("mip_rel_gap", 1e-7), ("presolve", "off"),
+                              ("mip_heuristic_run_feasibility_jump", False)):
+            highs.setOptionValue(option, value)
+        highs.passModel(lp)
+        highs.run()
+        status = highs.getModelStatus()
+        found = highs.getInfo().primal_solution_status == highspy.SolutionStatus.kSolutionStatusFeasible
+        if status == highspy.HighsModelStatus.kInfeasible:
+            return "infeasible", []
+        if not found:
+            return "no_solution", []  # stopped by the time limit before finding any assignment
+        values = list(highs.getSolution().col_value)
+        return ("optimal" if status == highspy.HighsModelStatus.kOptimal else "time_limited"), values
+
+
+# A linear expression: {column: coefficient} and a constant.
+_Affine = tuple[dict[int, float], float]
+
+
+def _affine(terms: Sequence[tuple[int, float]], constant: float = 0.0) -> _Affine:
+    """Sum (column, coefficient) pairs, adding the coefficients of repeated columns."""
+    total: dict[int, float] = {}
+    for col, coef in terms:
+        total[col] = total.get(col, 0.0) + coef
+    return total, constant
+
+
+def _minus(a: _Affine, b: _Affine) -> _Affine:
+    coefs = dict(a[0])
+    for col, coef in b[0].items():
+        coefs[col] = coefs.get(col, 0.0) - coef
+    return coefs, a[1] - b[1]
+
+
+def _solve_highs(problem: IlpProblem, allowed: list[tuple[int, ...]], time_limit_s: float,
+                 objective: str, start: float) -> IlpResult:
+    program = _Program()
+    x: dict[tuple[int, int], int] = {}
     for g, options in enumerate(allowed):
         if len(options) > 1:
             for k in options:
-                x[g, k] = pulp.LpVariable(f"x{g}_{k}", cat="Binary")
-            model += pulp.lpSum(x[g, k] for k in options) == 1, f"one{g}"
+                x[g, k] = program.column(binary=True)
+            program.row(_affine([(x[g, k], 1.0) for k in options]), 1.0, 1.0)
 
-    def indicator(g: int, options: Sequence[int]):
-        """1 when group g picks one of `options`: an expression, or a 0/1 constant when fixed."""
+    def indicator(g: int, options: Sequence[int]) -> _Affine:
+        """1 when group g picks one of `options` (a constant when g is fixed)."""
         if len(allowed[g]) == 1:
-            return 1.0 if allowed[g][0] in options else 0.0
-        return pulp.lpSum(x[g, k] for k in options if (g, k) in x)
+            return {}, 1.0 if allowed[g][0] in options else 0.0
+        return _affine([(x[g, k], 1.0) for k in options if (g, k) in x])
 
-    def memory_rows():
-        """The memory rows of the assignment, in megabytes (an expression plus a constant)."""
-        mem = problem.memory or tuple((0.0,) * len(u) for u in problem.unary)
-        fixed = sum(mem[g][a[0]] for g, a in enumerate(allowed) if len(a) == 1)
-        return _affine([(x[g, k], mem[g][k] / 1e6) for g, a in enumerate(allowed) if len(a) > 1 for k in a]) \
-            + fixed / 1e6
-
+    mem = problem.memory or tuple((0.0,) * len(u) for u in problem.unary)
+    # The memory rows of the assignment, in megabytes (coefficients near the costs' scale).
+    memory_rows = _affine([(x[g, k], mem[g][k] / 1e6) for g, a in enumerate(allowed) if len(a) > 1 for k in a],
+                          sum(mem[g][a[0]] for g, a in enumerate(allowed) if len(a) == 1) / 1e6)
     if objective == "cost":
-        for g, options in enumerate(allowed):
-            if len(options) == 1:
-                constant += problem.unary[g][options[0]]
-            else:
-                terms.extend((x[g, k], problem.unary[g][k] * _SCALE) for k in options)
-        num_edges = 0
-        for p in problem.pairs:
-            a_classes = _classes(p.a_class, allowed[p.a])
-            b_classes = _classes(p.b_class, allowed[p.b])
-            if not any(p.cost.get((ca, cb), 0.0) > 0 for ca in a_classes for cb in b_classes):
-                continue
-            if len(a_classes) == 1 or len(b_classes) == 1:
-                # One side's class is settled: the cost is linear in the other side.
-                for (ca, ka), (cb, kb) in ((a, b) for a in a_classes.items() for b in b_classes.items()):
-                    cost = p.cost.get((ca, cb), 0.0)
-                    if cost <= 0.0:
-                        continue
-                    varying = (p.b, kb) if len(a_classes) == 1 else (p.a, ka)
-                    z = indicator(*varying)
-                    if isinstance(z, float):
-                        constant += cost * z
-                    else:
-                        terms.extend((v, cost * _SCALE) for v in _vars(z))
-                continue
-            # Joint distribution over class pairs with both marginals: a tight LP relaxation.
-            e = {}
-            for ca in a_classes:
-                for cb in b_classes:
-                    e[ca, cb] = pulp.LpVariable(f"e{num_edges}", lowBound=0)
-                    num_edges += 1
-                    cost = p.cost.get((ca, cb), 0.0)
-                    if cost > 0.0:
-                        terms.append((e[ca, cb], cost * _SCALE))
-            for ca, ka in a_classes.items():
-                model += pulp.lpSum(e[ca, cb] for cb in b_classes) == indicator(p.a, ka)
-            for cb, kb in b_classes.items():
-                model += pulp.lpSum(e[ca, cb] for ca in a_classes) == indicator(p.b, kb)
-        model += _affine(terms) + constant * _SCALE
+        _cost_objective(problem, allowed, x, indicator, program)
     else:  # the least peak: memory rows plus a bound on every working set
-        largest = pulp.LpVariable("largest_working_set", lowBound=0)
-        for j, ws in enumerate(problem.working_sets):
-            model += _working_set(ws, allowed, x) <= largest, f"working{j}"
-        model += memory_rows() + largest
-    for i, eq in enumerate(problem.equal):
+        largest = program.column(1.0)
+        for ws in problem.working_sets:
+            program.row(_minus(_working_set(ws, allowed, x), ({largest: 1.0}, 0.0)), -math.inf, 0.0)
+        for col, coef in memory_rows[0].items():
+            program.cost[col] += coef
+        program.offset += memory_rows[1]
+    for eq in problem.equal:
         if eq.a == eq.b:
             continue
-        keys = {eq.a_key[k] for k in allowed[eq.a]} | {eq.b_key[k] for k in allowed[eq.b]}
-        for j, key in enumerate(keys):
+        for key in {eq.a_key[k] for k in allowed[eq.a]} | {eq.b_key[k] for k in allowed[eq.b]}:
             lhs = indicator(eq.a, [k for k in allowed[eq.a] if eq.a_key[k] == key])
             rhs = indicator(eq.b, [k for k in allowed[eq.b] if eq.b_key[k] == key])
-            if isinstance(lhs, float) and isinstance(rhs, float):
-                if lhs != rhs:
+            if not lhs[0] and not rhs[0]:
+                if lhs[1] != rhs[1]:
                     return IlpResult(None, "infeasible", time.perf_counter() - start, len(x), 0)
                 continue
-            model += lhs == rhs, f"alias{i}_{j}"
+            program.row(_minus(lhs, rhs), 0.0, 0.0)
     if problem.memory_limit is not None and objective == "cost":
-        # Megabytes keep the coefficients near the costs' scale.
         limit = problem.memory_limit / 1e6
-        rows = memory_rows()
-        model += rows <= limit, "memory"
-        for j, ws in enumerate(problem.working_sets):
-            model += rows + _working_set(ws, allowed, x) <= limit, f"memory{j}"
-    status = _run(model, time_limit_s)
+        program.row(memory_rows, -math.inf, limit)
+        for ws in problem.working_sets:
+            ws_terms = _working_set(ws, allowed, x)
+            program.row(_affine([*memory_rows[0].items(), *ws_terms[0].items()], memory_rows[1] + ws_terms[1]),
+                        -math.inf, limit)
+    status, values = program.solve(time_limit_s)
     seconds = time.perf_counter() - start
-    num_vars, num_cons = len(model.variables()), len(model.constraints)
-    if status in ("infeasible", "no_solution"):
+    num_vars, num_cons = len(program.cost), program.num_rows
+    if not values:
         return IlpResult(None, status, seconds, num_vars, num_cons)
-    choice = []
-    for g, options in enumerate(allowed):
-        if len(options) == 1:
-            choice.append(options[0])
-        else:
-            choice.append(max(options, key=lambda k: x[g, k].value() or 0.0))
+    choice = [options[0] if len(options) == 1 else max(options, key=lambda k: values[x[g, k]])
+              for g, options in enumerate(allowed)]
     return IlpResult(tuple(choice), status, seconds, num_vars, num_cons)
 
 
-def _working_set(ws, allowed: Sequence[Sequence[int]], x: Mapping) -> object:
-    """One operator's working set in megabytes under the assignment `x`."""
+def _cost_objective(problem: IlpProblem, allowed: list[tuple[int, ...]], x: Mapping[tuple[int, int], int],
+                    indicator, program: _Program) -> None:
+    """Unary costs on the one-hot columns, pairwise costs linear in one side or on class-pair columns."""
+    constant = 0.0
+    for g, options in enumerate(allowed):
+        if len(options) == 1:
+            constant += problem.unary[g][options[0]]
+        else:
+            for k in options:
+                program.cost[x[g, k]] += problem.unary[g][k] * _SCALE
+    for p in problem.pairs:
+        a_classes = _classes(p.a_class, allowed[p.a])
+        b_classes = _classes(p.b_class, allowed[p.b])
+        if not any(p.cost.get((ca, cb), 0.0) > 0 for ca in a_classes for cb in b_classes):
+            continue
+        if len(a_classes) == 1 or len(b_classes) == 1:
+            # One side's class is settled: the cost is linear in the other side.
+            for (ca, ka), (cb, kb) in ((a, b) for a in a_classes.items() for b in b_classes.items()):
+                cost = p.cost.get((ca, cb), 0.0)
+                if cost <= 0.0:
+                    continue
+                coefs, fixed = indicator(*((p.b, kb) if len(a_classes) == 1 else (p.a, ka)))
+                constant += cost * fixed
+                for col in coefs:
+                    program.cost[col] += cost * _SCALE
+            continue
+        # Joint distribution over class pairs with both marginals: a tight LP relaxation.
+        e = {(ca, cb): program.column(p.cost.get((ca, cb), 0.0) * _SCALE) for ca in a_classes for cb in b_classes}
+        for ca, ka in a_classes.items():
+            program.row(_minus(_affine([(e[ca, cb], 1.0) for cb in b_classes]), indicator(p.a, ka)), 0.0, 0.0)
+        for cb, kb in b_classes.items():
+            program.row(_minus(_affine([(e[ca, cb], 1.0) for ca in a_classes]), indicator(p.b, kb)), 0.0, 0.0)
+    program.offset += constant * _SCALE
+
+
+def _working_set(ws: WorkingSet, allowed: Sequence[Sequence[int]], x: Mapping[tuple[int, int], int]) -> _Affine:
+    """One operator's working set in megabytes under the assignment."""
     constant, terms = ws
     fixed = constant + sum(b for g, k, b in terms if len(allowed[g]) == 1 and allowed[g][0] == k)
-    return _affine([(x[g, k], b / 1e6) for g, k, b in terms if (g, k) in x]) + fixed / 1e6
+    return _affine([(x[g, k], b / 1e6) for g, k, b in terms if (g, k) in x], fixed / 1e6)
 
 
 def _classes(classes: tuple[Hashable, ...], options: Sequence[int]) -> dict[Hashable, list[int]]:
@@ -242,31 +325,15 @@ def _classes(classes: tuple[Hashable, ...], options: Sequence[int]) -> dict[Hash
     return out
 
 
-def _affine(terms: list):
-    """Sum (variable, coefficient) pairs; pulp's constructor would keep only the last of duplicates."""
-    import pulp
-
-    total: dict = {}
-    for var, coef in terms:
-        total[var] = total.get(var, 0.0) + coef
-    return pulp.LpAffineExpression(list(total.items()))
-
-
-def _vars(expr) -> list:
-    return list(expr.keys())
-
-
 @functools.lru_cache(maxsize=None)
 def _quiet_highs_banner() -> None:
     """Let HiGHS print its once-per-process copyright banner into /dev/null.
 
-    `msg=False` cannot stop it: the banner comes from the C++ constructor,
-    before any option is set, straight to file descriptor 1.
+    `output_flag=False` cannot stop it: the banner comes from the C++
+    constructor, before any option is set, straight to file descriptor 1.
     """
-    try:
-        import highspy
-    except ImportError:
-        return
+    import highspy
+
     sys.stdout.flush()
     saved = os.dup(1)
     try:
@@ -276,25 +343,3 @@ def _quiet_highs_banner() -> None:
     finally:
         os.dup2(saved, 1)
         os.close(saved)
-
-
-def _run(model, time_limit_s: float) -> str:
-    """Solve with HiGHS when available (faster on one-hot programs), else CBC."""
-    import pulp
-
-    _quiet_highs_banner()
-
-    # These programs are near-integral at the LP root: HiGHS's presolve and its opening feasibility-jump
-    # heuristic cost more than they save (measured ~2x on GPT/MoE/WResNet layers, same optima).
-    highs = pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=1e-7, presolve="off",
-                       mip_heuristic_run_feasibility_jump=False)
-    solver = highs if highs.available() else pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=1e-7)
-    model.solve(solver)
-    if model.status == pulp.LpStatusInfeasible:
-        return "infeasible"
-    solution = pulp.LpSolution.get(model.sol_status, "")
-    if solution == "Optimal Solution Found":
-        return "optimal"
-    if model.status == pulp.LpStatusOptimal or solution in ("Solution Found",):
-        return "time_limited"
-    return "no_solution"  # stopped by the time limit before finding any assignment

@@ -7,7 +7,6 @@ import pytest
 import alpaviz as av
 from alpaviz.core.inter_op._stage_cost import analytic_stage_cost
 from alpaviz.core.inter_op._data_parallel import data_parallel_pins
-from alpaviz.core.inter_op._stage_cost import ilp_available
 from alpaviz.core.inter_op._stage_profile import StageProfileCache
 
 
@@ -99,7 +98,6 @@ def test_grid_plans_equal_the_dp_under_the_same_pins(gpt):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ilp_available(), reason="the intra-op ILP is not installed")
 @pytest.mark.parametrize("model", ["gpt", "wresnet"])
 def test_planner_never_loses_to_data_parallel_under_the_ilp(model):
     if model == "gpt":

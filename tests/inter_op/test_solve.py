@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import alpaviz as av
-from alpaviz.core.inter_op._stage_cost import analytic_stage_cost, ilp_available
+from alpaviz.core.inter_op._stage_cost import analytic_stage_cost
 from alpaviz.core.inter_op._solve import InfeasiblePinsError, ModelTooLargeError, solve
 from alpaviz.core.inter_op._stage_profile import StageProfileCache, mesh_choices
 
@@ -87,7 +87,6 @@ def test_dp_equals_brute_force_through_pins_on_4_layers_4_devices(gpt4, schedule
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ilp_available(), reason="the intra-op ILP is not installed")
 def test_dp_equals_brute_force_through_pins_with_the_ilp(gpt4):
     cluster = av.Cluster.a100_node(1, 4)
     cache = StageProfileCache()
@@ -241,7 +240,6 @@ def test_profile_true_measures_layers_on_local_devices():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not ilp_available(), reason="the intra-op ILP is not installed")
 def test_an_intra_op_pin_reaches_its_stage_and_reprofiles_only_its_layer(gpt4):
     from alpaviz.core.intra_op._solve_sharding import strategy_names
 

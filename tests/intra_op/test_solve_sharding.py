@@ -199,18 +199,6 @@ def test_2x2_mesh_mixes_data_and_tensor_parallelism():
     assert reductions >= predicted["all-reduce"] + predicted["reduce-scatter"]
 
 
-def test_cbc_fallback_finds_the_same_optimum(monkeypatch):
-    import pulp
-
-    graph = mlp(16, 1024, 4096)
-    mesh = _mesh((2, 2))
-    highs = solve_sharding(graph, mesh, CLUSTER)
-    monkeypatch.setattr(pulp.HiGHS, "available", lambda self: False)
-    cbc = solve_sharding(graph, mesh, CLUSTER)
-    assert cbc.status == "optimal"
-    assert cbc.objective == pytest.approx(highs.objective, rel=1e-6)
-
-
 # ---- memory, sub-graphs and the result record -----------------------------------------------------
 
 
