@@ -26,11 +26,12 @@ browser-deps: $(STAMP)
 		|| echo "browser-deps: could not install chromium; tests/widgets/test_browser.py will fail and say so"
 	@$(PY) -c "import playwright.sync_api" 2>/dev/null || $(PY) -m pip install -q playwright
 
-# Two workers, one test file each at a time (module fixtures stay shared): the machine has two cores.
+# Two workers, one test file each at a time (module fixtures stay shared), slowest files first
+# (tests/conftest.py): the machine has two cores.
 # The Ray engine's tests run after them on their own: host actors beside another worker's load have died.
 RAY_TESTS := tests/runtime/test_ray_engine.py
 test: $(STAMP) browser-deps
-	$(PY) -m pytest -n 2 --dist loadfile --ignore=$(RAY_TESTS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --ignore=$(RAY_TESTS) $(PYTEST_ARGS)
 	$(PY) -m pytest $(RAY_TESTS) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

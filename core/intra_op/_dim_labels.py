@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from alpaviz.core.graph import OpGraph, OpNode, TensorInfo
 
@@ -59,13 +59,17 @@ def is_free(tensor: TensorInfo) -> bool:
 
 def dim_labels(graph: OpGraph, node: OpNode) -> DimLabels | None:
     """The label rule for `node`, or None when only replication is supported."""
+    return operand_labels(node, [graph.tensor(t) for t in node.inputs], [graph.tensor(t) for t in node.outputs])
+
+
+def operand_labels(node: OpNode, ins: Sequence[TensorInfo], outs: Sequence[TensorInfo]) -> DimLabels | None:
+    """`dim_labels` from the operands' records: the rules read shapes, dtypes and params, never names."""
     rule = _RULES.get(node.primitive)
     if rule is None and node.primitive in ELEMENTWISE:
         rule = _elementwise
     if rule is None:
         return None
-    ins = [graph.tensor(t) for t in node.inputs]
-    outs = [graph.tensor(t) for t in node.outputs]
+    ins, outs = list(ins), list(outs)
     try:
         return rule(node, ins, outs)
     except (TypeError, ValueError, IndexError, KeyError):

@@ -8,6 +8,7 @@ all-to-all.  The all-to-alls run first, while the data is still split.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from alpaviz.core.cost import CostModelProtocol, LogicalMesh
@@ -45,8 +46,23 @@ def resharding_cost(nbytes: float, src: Spec | None, dst: Spec | None, mesh: Log
     """Seconds to turn a tensor of `nbytes` (full size) sharded as `src` into `dst`.
 
     None on either side means "free" (a constant, or an operand that takes
-    any sharding) and costs nothing.
+    any sharding) and costs nothing.  Memoised per process: every problem on
+    a mesh asks for the same few thousand pairs.
     """
+    try:
+        return _memoised_cost(nbytes, src, dst, mesh, cost_model)
+    except TypeError:  # a cost model that cannot be hashed
+        return _cost(nbytes, src, dst, mesh, cost_model)
+
+
+@functools.lru_cache(maxsize=1 << 17)
+def _memoised_cost(nbytes: float, src: Spec | None, dst: Spec | None, mesh: LogicalMesh,
+                   cost_model: CostModelProtocol) -> float:
+    return _cost(nbytes, src, dst, mesh, cost_model)
+
+
+def _cost(nbytes: float, src: Spec | None, dst: Spec | None, mesh: LogicalMesh,
+          cost_model: CostModelProtocol) -> float:
     if src is None or dst is None or src == dst:
         return 0.0
     plan = plan_resharding(src, dst)

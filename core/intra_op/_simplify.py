@@ -117,7 +117,6 @@ class _Builder:
         self.choice: dict[str, tuple[int, ...]] = {}
         self.tensor_specs: dict[str, tuple[Spec, ...]] = {}
         self._reshard_cache: dict = {}
-        self._strategy_cache: dict = {}
         self.free: set[str] = set()
         self.constant_nodes: list[str] = []
 
@@ -148,18 +147,7 @@ class _Builder:
         return self._reshard_cache[key]
 
     def _strategies(self, node: OpNode) -> tuple[Strategy, ...]:
-        """Enumerate once per distinct operator signature: identical ops share their strategies."""
-        graph = self.graph
-        try:
-            key = (node.primitive, node.params, node.flops,
-                   tuple((graph.tensor(t).shape, graph.tensor(t).dtype, is_free(graph.tensor(t))) for t in node.inputs),
-                   tuple((graph.tensor(t).shape, graph.tensor(t).dtype) for t in node.outputs))
-            hash(key)
-        except TypeError:
-            return enumerate_strategies(graph, node, self.mesh, self.cost_model, self.device)
-        if key not in self._strategy_cache:
-            self._strategy_cache[key] = enumerate_strategies(graph, node, self.mesh, self.cost_model, self.device)
-        return self._strategy_cache[key]
+        return enumerate_strategies(self.graph, node, self.mesh, self.cost_model, self.device)
 
     def _cheapest(self, tensor: str, spec: Spec, operand: int, strategies: tuple[Strategy, ...],
                   order: list[int]) -> int:

@@ -14,6 +14,8 @@ import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from alpaviz.core.cost import Cluster, CostModel, CostModelProtocol, LogicalMesh
 from alpaviz.core.graph import OpGraph, check_int, check_number, gradient_producers, state_inputs, trace
 from alpaviz.core.intra_op._dim_labels import IDENTITY
@@ -249,14 +251,7 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
                   for _, readers in items)
             for k in range(simp.groups[g].num_options)
         )
-        cost = {}
-        for src in set(have):
-            for dst in set(need):
-                total = sum(weights.compute(n) * reshard(t, s_t, d)
-                            for (t, readers), s_t, d_t in zip(items, src, dst) for (n, _), d in zip(readers, d_t))
-                if total > 0:
-                    cost[src, dst] = total
-        pairs.append(PairCost(h, g, have, need, cost))
+        pairs.append(PairCost(h, g, have, need, _pair_cost(items, have, need, weights, reshard)))
     equal = []
     for param, updated in parameter_aliases(graph):
         updated = simp.resolve(updated)
@@ -272,19 +267,46 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
     return problem, restrictions, memory
 
 
+def _pair_cost(items: list[tuple[str, list[tuple[str, int]]]], have: tuple, need: tuple,
+               weights: StepWeights, reshard: "_Resharder") -> dict[tuple, float]:
+    """The resharding cost of every (have class, need class) pair with a positive cost.
+
+    A class pair's cost is a sum over its tensors' readers, and each reader sees only a few
+    distinct (spec it gets, spec it needs) pairs: price those once, then add them up as arrays.
+    """
+    sources, targets = list(dict.fromkeys(have)), list(dict.fromkeys(need))
+    total = np.zeros((len(sources), len(targets)))
+    for i, (t, readers) in enumerate(items):
+        src_index = _positions(src[i] for src in sources)
+        for r, (reader, _) in enumerate(readers):
+            dst_index = _positions(dst[i][r] for dst in targets)
+            table = np.array([[reshard(t, s, d) for d in dst_index] for s in src_index]) * weights.compute(reader)
+            total += table[np.ix_([src_index[src[i]] for src in sources], [dst_index[dst[i][r]] for dst in targets])]
+    return {(sources[a], targets[b]): float(total[a, b]) for a, b in zip(*np.nonzero(total > 0))}
+
+
+def _positions(values) -> dict:
+    """Each distinct value and its position in first-seen order."""
+    return {v: j for j, v in enumerate(dict.fromkeys(values))}
+
+
 class _Resharder:
-    """Memoised resharding costs for one problem (no global cache)."""
+    """Memoised resharding costs for one problem (no global cache), by tensor size and spec pair."""
 
     def __init__(self, graph: OpGraph, mesh: LogicalMesh, cost_model: CostModelProtocol):
-        self._cost, self._graph, self._mesh, self._model = resharding_cost, graph, mesh, cost_model
-        self._memo: dict = {}
+        self._graph, self._mesh, self._model = graph, mesh, cost_model
+        self._by_tensor: dict[str, dict] = {}
+        self._by_size: dict[float, dict] = {}
 
     def __call__(self, tensor: str, src: Spec | None, dst: Spec | None) -> float:
-        nbytes = tensor_bytes(self._graph.tensor(tensor))
-        key = (nbytes, src, dst)
-        if key not in self._memo:
-            self._memo[key] = self._cost(nbytes, src, dst, self._mesh, self._model)
-        return self._memo[key]
+        memo = self._by_tensor.get(tensor)
+        if memo is None:
+            nbytes = tensor_bytes(self._graph.tensor(tensor))
+            memo = self._by_tensor[tensor] = self._by_size.setdefault(nbytes, {"bytes": nbytes})
+        cost = memo.get((src, dst))
+        if cost is None:
+            cost = memo[src, dst] = resharding_cost(memo["bytes"], src, dst, self._mesh, self._model)
+        return cost
 
 
 def _restrictions(graph: OpGraph, simp: Simplified, pins: Pins) -> list[tuple[str, int, frozenset[int]]]:

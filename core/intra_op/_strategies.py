@@ -18,7 +18,7 @@ from typing import Sequence
 
 from alpaviz.core.cost import CostModel, CostModelProtocol, DeviceSpec, LogicalMesh
 from alpaviz.core.graph import OpGraph, OpNode, TensorInfo, dtype_itemsize
-from alpaviz.core.intra_op._dim_labels import IDENTITY, DimLabels, dim_labels, is_free
+from alpaviz.core.intra_op._dim_labels import IDENTITY, DimLabels, is_free, operand_labels
 from alpaviz.core.plan import Plan, PlanFormatError, Spec, replicated, spec_name
 
 IDENTITY_STRATEGY = "identity"
@@ -99,12 +99,48 @@ def strategy_label(in_specs: Sequence[Spec | None], out_specs: Sequence[Spec], m
 
 def enumerate_strategies(graph: OpGraph, node: OpNode, mesh: LogicalMesh,
                          cost_model: CostModelProtocol, device: DeviceSpec) -> tuple[Strategy, ...]:
-    """Every strategy of `node` on `mesh`, replicated first; names are unique."""
-    ins = [graph.tensor(t) for t in node.inputs]
-    outs = [graph.tensor(t) for t in node.outputs]
+    """Every strategy of `node` on `mesh`, replicated first; names are unique.
+
+    Memoised per process by what they depend on (the operator's shape, mesh, cost model, device):
+    a sweep over microbatch counts, a what-if or a re-solve asks for the same operators again.
+    """
+    operator = _Operator.of(graph, node)
+    try:
+        return _memoised_strategies(operator, mesh, cost_model, device)
+    except TypeError:  # a cost model or parameter that cannot be hashed: enumerate afresh
+        return _enumerate(operator, mesh, cost_model, device)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Operator:
+    """An operator with its operand records, compared by what its strategies depend on (never names)."""
+
+    signature: tuple
+    node: OpNode = dataclasses.field(compare=False)
+    ins: tuple[TensorInfo, ...] = dataclasses.field(compare=False)
+    outs: tuple[TensorInfo, ...] = dataclasses.field(compare=False)
+
+    @classmethod
+    def of(cls, graph: OpGraph, node: OpNode) -> "_Operator":
+        ins = tuple(graph.tensor(t) for t in node.inputs)
+        outs = tuple(graph.tensor(t) for t in node.outputs)
+        signature = (node.primitive, node.params, node.flops, tuple((t.shape, t.dtype, is_free(t)) for t in ins),
+                     tuple((t.shape, t.dtype) for t in outs))
+        return cls(signature, node, ins, outs)
+
+
+@functools.lru_cache(maxsize=16384)
+def _memoised_strategies(operator: _Operator, mesh: LogicalMesh, cost_model: CostModelProtocol,
+                         device: DeviceSpec) -> tuple[Strategy, ...]:
+    return _enumerate(operator, mesh, cost_model, device)
+
+
+def _enumerate(operator: _Operator, mesh: LogicalMesh, cost_model: CostModelProtocol,
+               device: DeviceSpec) -> tuple[Strategy, ...]:
+    node, ins, outs = operator.node, list(operator.ins), list(operator.outs)
     if node.primitive in IDENTITY:
         return (Strategy(IDENTITY_STRATEGY, (None,) * len(ins), (), 0.0, 0.0, 0.0),)
-    labels = dim_labels(graph, node)
+    labels = operand_labels(node, ins, outs)
     if labels is None:
         in_specs = tuple(None if is_free(t) else replicated(len(t.shape)) for t in ins)
         out_specs = tuple(replicated(len(t.shape)) for t in outs)
