@@ -14,8 +14,6 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-
-
 # The slowest files, slowest first (`--durations=0`, two workers, this machine). `make test` hands each
 # file whole to one of two workers in collection order (`--dist loadfile --no-loadscope-reorder`), so
 # starting with the longest lets the short files fill in and both workers finish together.

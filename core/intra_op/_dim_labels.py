@@ -14,7 +14,7 @@ import dataclasses
 import math
 from typing import Callable, Optional, Sequence
 
-from alpaviz.core.graph import OpGraph, OpNode, TensorInfo
+from alpaviz.core.graph import OpNode, TensorInfo
 
 Label = Optional[str]
 Labels = tuple[Label, ...]
@@ -57,13 +57,11 @@ def is_free(tensor: TensorInfo) -> bool:
     return tensor.kind == "constant" or not tensor.shape
 
 
-def dim_labels(graph: OpGraph, node: OpNode) -> DimLabels | None:
-    """The label rule for `node`, or None when only replication is supported."""
-    return operand_labels(node, [graph.tensor(t) for t in node.inputs], [graph.tensor(t) for t in node.outputs])
+def dim_labels(node: OpNode, ins: Sequence[TensorInfo], outs: Sequence[TensorInfo]) -> DimLabels | None:
+    """The label rule for `node`, or None when only replication is supported.
 
-
-def operand_labels(node: OpNode, ins: Sequence[TensorInfo], outs: Sequence[TensorInfo]) -> DimLabels | None:
-    """`dim_labels` from the operands' records: the rules read shapes, dtypes and params, never names."""
+    From the operands' records: the rules read shapes, dtypes and params, never names.
+    """
     rule = _RULES.get(node.primitive)
     if rule is None and node.primitive in ELEMENTWISE:
         rule = _elementwise

@@ -12,6 +12,8 @@ import functools
 import math
 
 from alpaviz.core.cost import CostModelProtocol, LogicalMesh
+from alpaviz.core.graph import OpGraph
+from alpaviz.core.intra_op._strategies import tensor_bytes
 from alpaviz.core.plan import Spec
 
 
@@ -53,6 +55,31 @@ def resharding_cost(nbytes: float, src: Spec | None, dst: Spec | None, mesh: Log
         return _memoised_cost(nbytes, src, dst, mesh, cost_model)
     except TypeError:  # a cost model that cannot be hashed
         return _cost(nbytes, src, dst, mesh, cost_model)
+
+
+class ReshardingPrices:
+    """`resharding_cost` of one problem's tensors, by tensor name and spec pair.
+
+    The process-wide memo behind `resharding_cost` hashes the mesh and cost
+    model on every call; one problem makes millions of lookups, so it keeps
+    its own first level.
+    """
+
+    def __init__(self, graph: OpGraph, mesh: LogicalMesh, cost_model: CostModelProtocol):
+        self._graph, self._mesh, self._model = graph, mesh, cost_model
+        self._by_tensor: dict[str, tuple[float, dict]] = {}
+        self._by_size: dict[float, dict] = {}
+
+    def __call__(self, tensor: str, src: Spec | None, dst: Spec | None) -> float:
+        found = self._by_tensor.get(tensor)
+        if found is None:
+            nbytes = tensor_bytes(self._graph.tensor(tensor))
+            found = self._by_tensor[tensor] = (nbytes, self._by_size.setdefault(nbytes, {}))
+        nbytes, memo = found
+        cost = memo.get((src, dst))
+        if cost is None:
+            cost = memo[src, dst] = resharding_cost(nbytes, src, dst, self._mesh, self._model)
+        return cost
 
 
 @functools.lru_cache(maxsize=1 << 17)

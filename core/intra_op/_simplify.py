@@ -19,8 +19,8 @@ from typing import Mapping, Sequence
 from alpaviz.core.cost import CostModelProtocol, DeviceSpec, LogicalMesh
 from alpaviz.core.graph import OpGraph, OpNode, TensorInfo
 from alpaviz.core.intra_op._dim_labels import IDENTITY, is_free
-from alpaviz.core.intra_op._resharding import resharding_cost
-from alpaviz.core.intra_op._strategies import Strategy, enumerate_strategies, tensor_bytes, usable_axes
+from alpaviz.core.intra_op._resharding import ReshardingPrices
+from alpaviz.core.intra_op._strategies import Strategy, enumerate_strategies, usable_axes
 from alpaviz.core.plan import Spec
 
 # Operators that always decide their own sharding.
@@ -116,7 +116,7 @@ class _Builder:
         self.strategies: dict[str, tuple[Strategy, ...]] = {}
         self.choice: dict[str, tuple[int, ...]] = {}
         self.tensor_specs: dict[str, tuple[Spec, ...]] = {}
-        self._reshard_cache: dict = {}
+        self.reshard = ReshardingPrices(graph, mesh, cost_model)
         self.free: set[str] = set()
         self.constant_nodes: list[str] = []
 
@@ -138,13 +138,6 @@ class _Builder:
             self.group_of_tensor[tensor] = g
             self.tensor_specs[tensor] = specs
         return self.group_of_tensor[tensor]
-
-    def reshard(self, tensor: str, src: Spec | None, dst: Spec | None) -> float:
-        nbytes = tensor_bytes(self.graph.tensor(tensor))
-        key = (nbytes, src, dst)
-        if key not in self._reshard_cache:
-            self._reshard_cache[key] = resharding_cost(nbytes, src, dst, self.mesh, self.cost_model)
-        return self._reshard_cache[key]
 
     def _strategies(self, node: OpNode) -> tuple[Strategy, ...]:
         return enumerate_strategies(self.graph, node, self.mesh, self.cost_model, self.device)

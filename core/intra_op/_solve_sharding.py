@@ -20,13 +20,13 @@ from alpaviz.core.cost import Cluster, CostModel, CostModelProtocol, LogicalMesh
 from alpaviz.core.graph import OpGraph, check_int, check_number, gradient_producers, state_inputs, trace
 from alpaviz.core.intra_op._dim_labels import IDENTITY
 from alpaviz.core.intra_op._memory import MemoryRows, kept_tensors, memory_rows
-from alpaviz.core.intra_op._resharding import plan_resharding, resharding_cost
+from alpaviz.core.intra_op._resharding import ReshardingPrices, plan_resharding
 from alpaviz.core.intra_op._sharding_ilp import (
     Equal, IlpProblem, PairCost, _feasible_fixed, evaluate, peak_memory, solve,
 )
 from alpaviz.core.intra_op._simplify import Simplified, simplify
 from alpaviz.core.intra_op._strategies import (
-    NAMING_DEVICE, Strategy, enumerate_strategies, strategy_names, tensor_bytes,
+    NAMING_DEVICE, Strategy, enumerate_strategies, strategy_names,
 )
 from alpaviz.core.plan import Pins, ShardingCost, ShardingPlan, Spec, check_spec, replicated, spec_name
 
@@ -220,7 +220,7 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
     """Costs per group option, class-pair edge costs, alias constraints, memory rows and pin restrictions."""
     unary = [[0.0] * g.num_options for g in simp.groups]
     edges: dict[tuple[str, int], list[tuple[str, int]]] = {}
-    reshard = _Resharder(graph, mesh, cost_model)
+    reshard = ReshardingPrices(graph, mesh, cost_model)
     for name in simp.nodes:
         if name not in simp.group_of_node:
             continue
@@ -268,7 +268,7 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
 
 
 def _pair_cost(items: list[tuple[str, list[tuple[str, int]]]], have: tuple, need: tuple,
-               weights: StepWeights, reshard: "_Resharder") -> dict[tuple, float]:
+               weights: StepWeights, reshard: ReshardingPrices) -> dict[tuple, float]:
     """The resharding cost of every (have class, need class) pair with a positive cost.
 
     A class pair's cost is a sum over its tensors' readers, and each reader sees only a few
@@ -288,25 +288,6 @@ def _pair_cost(items: list[tuple[str, list[tuple[str, int]]]], have: tuple, need
 def _positions(values) -> dict:
     """Each distinct value and its position in first-seen order."""
     return {v: j for j, v in enumerate(dict.fromkeys(values))}
-
-
-class _Resharder:
-    """Memoised resharding costs for one problem (no global cache), by tensor size and spec pair."""
-
-    def __init__(self, graph: OpGraph, mesh: LogicalMesh, cost_model: CostModelProtocol):
-        self._graph, self._mesh, self._model = graph, mesh, cost_model
-        self._by_tensor: dict[str, dict] = {}
-        self._by_size: dict[float, dict] = {}
-
-    def __call__(self, tensor: str, src: Spec | None, dst: Spec | None) -> float:
-        memo = self._by_tensor.get(tensor)
-        if memo is None:
-            nbytes = tensor_bytes(self._graph.tensor(tensor))
-            memo = self._by_tensor[tensor] = self._by_size.setdefault(nbytes, {"bytes": nbytes})
-        cost = memo.get((src, dst))
-        if cost is None:
-            cost = memo[src, dst] = resharding_cost(memo["bytes"], src, dst, self._mesh, self._model)
-        return cost
 
 
 def _restrictions(graph: OpGraph, simp: Simplified, pins: Pins) -> list[tuple[str, int, frozenset[int]]]:
@@ -388,7 +369,7 @@ def _diagnose(problem: IlpProblem, restrictions, memory_limit: float | None, tim
 def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostModelProtocol,
           problem: IlpProblem, memory_model: MemoryRows, result, seconds: float, weights: StepWeights) -> ShardingPlan:
     choice = result.choice
-    reshard = _Resharder(graph, mesh, cost_model)
+    reshard = ReshardingPrices(graph, mesh, cost_model)
     strategies: list[tuple[str, str]] = []
     specs: dict[str, Spec] = {}
     by_role = {"forward": 0.0, "backward": 0.0, "update": 0.0}

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from alpaviz.core.cost import CostModel, CostModelProtocol, DeviceSpec, LogicalMesh
 from alpaviz.core.graph import OpGraph, OpNode, TensorInfo, dtype_itemsize
-from alpaviz.core.intra_op._dim_labels import IDENTITY, DimLabels, is_free, operand_labels
+from alpaviz.core.intra_op._dim_labels import IDENTITY, DimLabels, dim_labels, is_free
 from alpaviz.core.plan import Plan, PlanFormatError, Spec, replicated, spec_name
 
 IDENTITY_STRATEGY = "identity"
@@ -140,7 +140,7 @@ def _enumerate(operator: _Operator, mesh: LogicalMesh, cost_model: CostModelProt
     node, ins, outs = operator.node, list(operator.ins), list(operator.outs)
     if node.primitive in IDENTITY:
         return (Strategy(IDENTITY_STRATEGY, (None,) * len(ins), (), 0.0, 0.0, 0.0),)
-    labels = operand_labels(node, ins, outs)
+    labels = dim_labels(node, ins, outs)
     if labels is None:
         in_specs = tuple(None if is_free(t) else replicated(len(t.shape)) for t in ins)
         out_specs = tuple(replicated(len(t.shape)) for t in outs)
