@@ -66,7 +66,9 @@ def solve(
     intra-op ILP when installed, else the analytic fallback); `profile=True`
     measures each candidate on the local devices instead.  With `previous`
     (a plan of the same graph) ties are broken towards its stages, so a new
-    pin moves only what it must.  `workers` > 1 profiles in that many
+    pin moves only what it must.  `tolerance` > 0 lets the stage DP stop
+    once its stages are provably within that fraction of the optimum for the
+    profiled costs (0, the default, is exact).  `workers` > 1 profiles in that many
     processes.  `progress` shows tqdm bars, or (a function) is called as
     `progress(phase, done, total)` for each step of each phase (layers
     profiled, DP candidates, microbatch counts).  The traced batch is one microbatch; with
@@ -129,8 +131,10 @@ def solve(
     notes = (
         f"stage costs: {setup.stage_cost_name}; {setup.profiles.profiled} layer profiles computed, "
         f"the rest from the cache",
-        f"t_max candidates tried: {solution.candidates_tried} of {solution.candidates_total}; "
-        f"profiling {profiled_at - started:.2f} s, DP {time.perf_counter() - profiled_at:.2f} s",
+        f"t_max candidates tried: {solution.candidates_tried} of {solution.candidates_total} (branch and bound; "
+        + ("the stages are optimal for these profiles); " if tolerance == 0 else
+           f"within {tolerance:.1%} of the optimal stages for these profiles); ")
+        + f"profiling {profiled_at - started:.2f} s, DP {time.perf_counter() - profiled_at:.2f} s",
         "stage cost = sum of its layers' costs + boundary send/recv (no resharding inside a stage)",
         *control_flow_notes(setup.graph),
     )

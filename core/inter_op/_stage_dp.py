@@ -12,7 +12,8 @@ once-per-step update (gradient sync, optimizer).  Adding `u_i` to the sum is
 an upper bound on the true step (updates of different stages overlap) that
 keeps the DP exact.  As in Alpa, `t_max = max_i t_i` is enumerated over the
 distinct stage costs; for each, a DP finds the least sum with every stage
-under `t_max`, and enumeration stops once no larger `t_max` can win.
+under `t_max`, and a branch and bound over the sorted candidates skips every
+range of them that provably cannot win.
 
 Placement: stages sit on the devices in pipeline order, each right after
 the one before it, so a stage's first device is fixed by the devices the
@@ -211,8 +212,9 @@ def solve_stages(
 ) -> StageSolution:
     """Slice the layers into stages on meshes covering exactly `num_devices`, minimising latency.
 
-    `tolerance` > 0 skips `t_max` values within that relative distance of the
-    last one tried (Alpa's speed-up; 0 keeps the search exact).
+    `tolerance` > 0 lets the search stop once no untried `t_max` can beat the
+    best found by more than that fraction: the answer is within a factor
+    `1 + tolerance` of the optimum (0 keeps the search exact).
     `on_candidate(tried, total)` reports progress.  Among (near-)equal
     solutions the DP keeps the stages listed in `prefer` (e.g. the previous
     plan's), so a new pin moves only what it must.
@@ -237,31 +239,15 @@ def solve_stages(
     # Feasibility grows with t_max: bisect for the smallest feasible candidate.
     lo, hi = int(np.searchsorted(candidates, problem.work_bound(), side="left")), candidates.size - 1
     lo = min(lo, hi)
-    tried = 1
+    runs = {candidates.size - 1: loose}  # candidate index -> the DP's result under it
     while lo < hi:
         mid = (lo + hi) // 2
-        tried += 1
-        if math.isfinite(problem.run(candidates[mid]).value):
+        runs[mid] = problem.run(float(candidates[mid]))
+        if math.isfinite(runs[mid].value):
             hi = mid
         else:
             lo = mid + 1
-    best = _Best(math.inf, math.inf, None)
-    floor = loose.value  # the least possible sum, whatever t_max
-    last = -math.inf
-    for index in range(lo, candidates.size):
-        t_max = float(candidates[index])
-        if floor + (num_microbatches - 1) * t_max >= best.objective:
-            break
-        if tolerance > 0 and t_max < last * (1 + tolerance):
-            continue
-        last = t_max
-        tried += 1
-        result = problem.run(t_max)
-        objective = result.value + (num_microbatches - 1) * t_max
-        if objective < best.objective:
-            best = _Best(objective, t_max, result.n_total)
-        if on_candidate is not None:
-            on_candidate(tried, candidates.size)
+    best, tried = _search_t_max(problem, candidates, lo, runs, tolerance, on_candidate)
     final = problem.run(best.t_max, track=True, only_n=best.n_total)
     stages = problem.trace_back(final)
     times = [table.stage_time(s, first) for s, first in zip(stages, stage_offsets(table, stages))]
@@ -273,6 +259,47 @@ def solve_stages(
         candidates_tried=tried,
         candidates_total=int(candidates.size),
     )
+
+
+def _search_t_max(problem, candidates, lo, runs, tolerance, on_candidate):
+    """Branch and bound over the sorted `t_max` candidates from index `lo`.
+
+    The least sum V(t) under a bound t never grows with t, so between two
+    tried candidates a < i < b the objective V(c_i) + (B - 1) c_i is at least
+    V(c_b) + (B - 1) c_{a+1}.  An interval whose bound cannot beat the best
+    found (divided by 1 + tolerance) is dropped untried; the others are split
+    at their middle, lowest t first.  Exact at tolerance 0: it returns what
+    trying every candidate would.  `runs` holds the results already known
+    (the loosest candidate's and the feasibility bisection's).
+    """
+    slope = problem.num_microbatches - 1
+    top = candidates.size - 1
+    values = dict(runs)
+    if lo not in values:
+        values[lo] = problem.run(float(candidates[lo]))
+    tried = len(values)
+    best = _Best(math.inf, math.inf, None)
+    for index, result in sorted(values.items()):
+        objective = result.value + slope * float(candidates[index])
+        if objective < best.objective:
+            best = _Best(objective, float(candidates[index]), result.n_total)
+    pending = [(lo, top)] if lo != top else []
+    while pending:
+        a, b = pending.pop()
+        if b - a < 2 or values[b].value + slope * float(candidates[a + 1]) >= best.objective / (1 + tolerance):
+            continue
+        mid = (a + b) // 2
+        if mid not in values:
+            values[mid] = problem.run(float(candidates[mid]))
+            tried += 1
+        result = values[mid]
+        objective = result.value + slope * float(candidates[mid])
+        if objective < best.objective:
+            best = _Best(objective, float(candidates[mid]), result.n_total)
+        if on_candidate is not None:
+            on_candidate(tried, candidates.size)
+        pending += [(mid, b), (a, mid)]  # the lower half first: small t_max is where B-1 weighs
+    return best, tried
 
 
 @dataclasses.dataclass(frozen=True)

@@ -220,3 +220,26 @@ def test_a_mesh_pinned_on_a_later_stage_forces_enough_stages():
                     stage_cost=analytic_stage_cost, progress=False)
     assert plan.num_stages >= 3
     assert plan.stages[2].submesh == (1, 2)
+
+
+def _every_candidate(table, num_devices, B, limit):
+    """The least objective over every t_max candidate, each run: the search without any bound."""
+    from alpaviz.core.inter_op._stage_dp import _Problem
+
+    problem = _Problem.build(table, num_devices, B, "1f1b", limit, StageConstraints())
+    return min(problem.run(float(t)).value + (B - 1) * float(t) for t in problem.candidates())
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("B", [2, 128])
+def test_branch_and_bound_over_t_max_is_exact_and_tolerance_is_a_bound(seed, B):
+    cluster = av.Cluster.a100_node(2, 4)  # too large to brute force: 10 layers, 8 devices, two hosts
+    table = _random_table(10, cluster, seed, additive=seed % 2 == 1)
+    limit = 14.0 if seed % 3 == 0 else math.inf
+    exhaustive = _every_candidate(table, cluster.num_devices, B, limit)
+    exact = solve_stages(table, cluster.num_devices, B, "1f1b", limit)
+    assert exact.objective_s == pytest.approx(exhaustive, rel=1e-12)
+    assert exact.candidates_tried < exact.candidates_total
+    loose = solve_stages(table, cluster.num_devices, B, "1f1b", limit, tolerance=0.1)
+    assert exhaustive * (1 - 1e-12) <= loose.objective_s <= 1.1 * exhaustive * (1 + 1e-12)
+    assert loose.candidates_tried <= exact.candidates_tried
