@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", choices=["gpt", "moe", "wresnet", "all"], default="all")
     parser.add_argument("--cases", default="", help="comma-separated sizes, e.g. 1.3B,39B")
     parser.add_argument("--stage-cost", choices=["default", "analytic"], default="default",
-                        help="default: the intra-op ILP when installed; analytic: the closed-form fallback")
+                        help="default: the intra-op ILP; analytic: the closed-form estimate the baselines use")
     parser.add_argument("--tolerance", type=float, default=0.0, help="optimality gap the stage DP may leave (0: exact)")
     parser.add_argument("--workers", type=int, default=2, help="processes that profile layers (2 cores: 2)")
     parser.add_argument("--no-resolve", action="store_true", help="skip the re-solve-after-a-pin line")

@@ -63,7 +63,7 @@ def solve(
     `pins` fix any subset of decisions; `cache` (a `StageProfileCache`)
     makes re-solving after a pin cheap; `num_layers` merges or clusters the
     graph's layers; `stage_cost` replaces the default per-layer cost (the
-    intra-op ILP when installed, else the analytic fallback); `profile=True`
+    intra-op ILP; `analytic_stage_cost` is the closed-form one); `profile=True`
     measures each candidate on the local devices instead.  With `previous`
     (a plan of the same graph) ties are broken towards its stages, so a new
     pin moves only what it must.  `tolerance` > 0 lets the stage DP stop
@@ -128,13 +128,13 @@ def solve(
         raise diagnose(setup, pins, num_microbatches, schedule) from None
     finally:
         bar.close()
+    gap = "optimal" if tolerance == 0 else f"within {tolerance:.1%} of optimal"
     notes = (
         f"stage costs: {setup.stage_cost_name}; {setup.profiles.profiled} layer profiles computed, "
         f"the rest from the cache",
         f"t_max candidates tried: {solution.candidates_tried} of {solution.candidates_total} (branch and bound; "
-        + ("the stages are optimal for these profiles); " if tolerance == 0 else
-           f"within {tolerance:.1%} of the optimal stages for these profiles); ")
-        + f"profiling {profiled_at - started:.2f} s, DP {time.perf_counter() - profiled_at:.2f} s",
+        f"the stages are {gap} for these profiles); "
+        f"profiling {profiled_at - started:.2f} s, DP {time.perf_counter() - profiled_at:.2f} s",
         "stage cost = sum of its layers' costs + boundary send/recv (no resharding inside a stage)",
         *control_flow_notes(setup.graph),
     )

@@ -270,32 +270,32 @@ def _search_t_max(problem, candidates, lo, runs, tolerance, on_candidate):
     found (divided by 1 + tolerance) is dropped untried; the others are split
     at their middle, lowest t first.  Exact at tolerance 0: it returns what
     trying every candidate would.  `runs` holds the results already known
-    (the loosest candidate's and the feasibility bisection's).
+    (the loosest candidate's and the feasibility bisection's); it gains the new ones.
     """
     slope = problem.num_microbatches - 1
     top = candidates.size - 1
-    values = dict(runs)
-    if lo not in values:
-        values[lo] = problem.run(float(candidates[lo]))
-    tried = len(values)
+    if lo not in runs:
+        runs[lo] = problem.run(float(candidates[lo]))
+    tried = len(runs)
+
+    def better(best: _Best, index: int) -> _Best:
+        t_max = float(candidates[index])
+        objective = runs[index].value + slope * t_max
+        return _Best(objective, t_max, runs[index].n_total) if objective < best.objective else best
+
     best = _Best(math.inf, math.inf, None)
-    for index, result in sorted(values.items()):
-        objective = result.value + slope * float(candidates[index])
-        if objective < best.objective:
-            best = _Best(objective, float(candidates[index]), result.n_total)
+    for index in sorted(runs):
+        best = better(best, index)
     pending = [(lo, top)] if lo != top else []
     while pending:
         a, b = pending.pop()
-        if b - a < 2 or values[b].value + slope * float(candidates[a + 1]) >= best.objective / (1 + tolerance):
+        if b - a < 2 or runs[b].value + slope * float(candidates[a + 1]) >= best.objective / (1 + tolerance):
             continue
         mid = (a + b) // 2
-        if mid not in values:
-            values[mid] = problem.run(float(candidates[mid]))
+        if mid not in runs:
+            runs[mid] = problem.run(float(candidates[mid]))
             tried += 1
-        result = values[mid]
-        objective = result.value + slope * float(candidates[mid])
-        if objective < best.objective:
-            best = _Best(objective, float(candidates[mid]), result.n_total)
+        best = better(best, mid)
         if on_candidate is not None:
             on_candidate(tried, candidates.size)
         pending += [(mid, b), (a, mid)]  # the lower half first: small t_max is where B-1 weighs
