@@ -113,9 +113,14 @@ PINS = [
     ("stages_bool", lambda m: av.Pins(num_stages=True), TypeError, "num_stages must be an int"),
     ("mesh_float", lambda m: av.Pins().with_submesh(0, (1, 2.0)), TypeError, "mesh shape must be an int"),
     ("unknown_operator", lambda m: _solve(m, pins=av.Pins().with_strategy("n999_dot", "RR = RR")),
-     ValueError, "n999_dot"),
-    ("cut_beyond_layers", lambda m: _solve(m, pins=av.Pins(stage_cuts=(5,))), av.InfeasiblePinsError, "5"),
-    ("more_stages_than_devices", lambda m: _solve(m, pins=av.Pins(num_stages=9)), av.InfeasiblePinsError, "9"),
+     av.InfeasiblePinsError, "there is no operator 'n999_dot' in the graph; remove the pin"),
+    ("cut_beyond_layers", lambda m: _solve(m, pins=av.Pins(stage_cuts=(5,))), av.InfeasiblePinsError,
+     r"cut before layer 5: the graph has layers 0\.\.\d, so a cut is 1\.\.\d"),
+    ("more_stages_than_devices", lambda m: _solve(m, pins=av.Pins(num_stages=9)), av.InfeasiblePinsError,
+     r"9 stages: at most \d \(one layer and one device per stage"),
+    ("remat_stage_beyond_stages", lambda m: _solve(m, pins=av.Pins().with_remat(99, True)), av.InfeasiblePinsError,
+     r"stage 99 is pinned but there can be at most \d stages"),
+    ("remat_not_bool", lambda m: av.Pins(stage_remat={0: "yes"}), ValueError, "a remat pin is \\(stage, True or False\\)"),
     ("pins_not_pins", lambda m: _solve(m, pins={"stage_cuts": (1,)}), TypeError, "pins must be an av.Pins"),
 ]
 
@@ -134,7 +139,8 @@ MEMORY = [
      "DeviceSpec.memory_bytes must be a finite number"),
     ("link_bandwidth_nan", lambda m: av.Link(1e-6, math.nan), ValueError, "bandwidth_bytes_per_s must be a finite"),
     ("cost_model_nan", lambda m: av.CostModel(compute_efficiency=math.nan), ValueError, "must be a finite number"),
-    ("does_not_fit", lambda m: _solve(m, memory_limit=1024.0), av.ModelTooLargeError, "needs"),
+    ("does_not_fit", lambda m: _solve(m, memory_limit=1024.0), av.ModelTooLargeError,
+     r"the best plan needs .* per device .* but the limit is 1.00 KiB per device"),
 ]
 
 

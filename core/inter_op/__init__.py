@@ -7,8 +7,8 @@ from alpaviz.core.inter_op._layer_clustering import cluster_layers as cluster_la
 from alpaviz.core.inter_op._stage_cost import StageCostFn as StageCostFn
 from alpaviz.core.inter_op._stage_cost import analytic_stage_cost as analytic_stage_cost
 from alpaviz.core.inter_op._stage_profile import StageProfileCache as StageProfileCache
-from alpaviz.core.inter_op._pin_check import InfeasiblePinsError as InfeasiblePinsError
-from alpaviz.core.inter_op._pin_check import ModelTooLargeError as ModelTooLargeError
+from alpaviz.core.plan import InfeasiblePinsError as InfeasiblePinsError
+from alpaviz.core.inter_op._infeasible import ModelTooLargeError as ModelTooLargeError
 from alpaviz.core.inter_op._solve import resolve as resolve
 from alpaviz.core.inter_op._solve import solve as solve
 from alpaviz.core.inter_op._baselines import data_parallel as data_parallel

@@ -16,10 +16,10 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from alpaviz.core.inter_op._pin_check import InfeasiblePinsError, ModelTooLargeError
+from alpaviz.core.inter_op._infeasible import ModelTooLargeError
 from alpaviz.core.inter_op._progress import Progress, ProgressFn
 from alpaviz.core.inter_op._stage_dp import NoStagePlanError
-from alpaviz.core.plan import Plan, SolverInfo
+from alpaviz.core.plan import InfeasiblePinsError, Plan, SolverInfo
 
 # Beyond this a microbatch is too small to keep a device busy on any model we plan.
 MAX_MICROBATCHES = 1024

@@ -19,9 +19,7 @@ from alpaviz.core.graph import OpGraph, check_int, check_number, microbatch_args
 from alpaviz.core.inter_op._layer_clustering import cluster_layers
 from alpaviz.core.inter_op._measure import measured_stage_cost
 from alpaviz.core.inter_op._microbatch_search import best_over_microbatches, global_batch_size, microbatch_counts
-from alpaviz.core.inter_op._pin_check import (
-    InfeasiblePinsError, ModelTooLargeError, check_intra_op_pins, check_pins, constraints_from_pins, diagnose,
-)
+from alpaviz.core.inter_op._infeasible import ModelTooLargeError, check_intra_op_pins, constraints_from_pins, diagnose
 from alpaviz.core.inter_op._progress import Progress, ProgressFn
 from alpaviz.core.inter_op._setup import SolveSetup
 from alpaviz.core.inter_op._stage_cost import StageCostFn, default_stage_cost
@@ -33,7 +31,8 @@ from alpaviz.core.inter_op._stage_profile import (
     StageProfileCache, mesh_choices, profile_layers, profiled_mesh, stage_cost_table, step_link,
 )
 from alpaviz.core.plan import (
-    Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, format_bytes, graph_fingerprint,
+    InfeasiblePinsError, Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, check_pins, format_bytes,
+    graph_fingerprint,
 )
 
 

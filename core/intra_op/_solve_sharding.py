@@ -28,7 +28,10 @@ from alpaviz.core.intra_op._simplify import Simplified, simplify
 from alpaviz.core.intra_op._strategies import (
     NAMING_DEVICE, Strategy, enumerate_strategies, strategy_names,
 )
-from alpaviz.core.plan import Pins, ShardingCost, ShardingPlan, Spec, check_spec, replicated, spec_name
+from alpaviz.core.plan import (
+    InfeasiblePinsError, Pins, ShardingCost, ShardingPlan, Spec, check_pin_names, check_spec, minimal_conflict,
+    replicated, spec_name,
+)
 
 __all__ = ["ShardingInfeasibleError", "collective_counts", "parameter_aliases", "solve_sharding",
            "solve_sharding_auto", "strategy_names"]
@@ -170,21 +173,19 @@ def _subset(graph: OpGraph, nodes: Sequence[str] | None) -> list[str]:
 
 
 def _check_pins(graph: OpGraph, pins: Pins, mesh: LogicalMesh, subset: set[str]) -> None:
+    """The pins against this mesh (names against the graph are the plan's check)."""
+    check_pin_names(pins, graph)
     for node, strategy in pins.strategies:
-        if node not in graph.node_by_name:
-            raise ValueError(f"pinned operator {node!r} is not in graph {graph.name!r}; remove the pin")
         if node not in subset:
             continue
         names = strategy_names(graph, node, mesh)
         if strategy not in names:
             shown = ", ".join(repr(n) for n in names[:12]) + (" ..." if len(names) > 12 else "")
-            raise ValueError(
+            raise InfeasiblePinsError(
                 f"pinned strategy {strategy!r} is not a strategy of {node} ({graph.node(node).primitive}) on "
                 f"mesh {mesh.shape}; choose one of {shown}"
             )
     for tensor, spec in pins.partition_specs:
-        if tensor not in graph.tensor_by_name:
-            raise ValueError(f"pinned tensor {tensor!r} is not in graph {graph.name!r}; remove the pin")
         info = graph.tensor(tensor)
         check_spec(info.shape, spec, mesh.shape, mesh.axis_names, what=f"pinned spec of {tensor}")
 
@@ -341,16 +342,15 @@ def _diagnose(problem: IlpProblem, restrictions, memory_limit: float | None, tim
             f"most memory-saving sharding needs on mesh {mesh.shape}; raise memory_limit, use a larger mesh, "
             f"or unpin shardings that replicate large tensors"
         )
-    keep = list(restrictions)
-    for r in list(keep):
-        trial = [x for x in keep if x is not r]
+
+    def conflicts(kept) -> bool:
         allowed = [set(range(len(u))) for u in free_memory.unary]
-        for _, g, ok in trial:
+        for _, g, ok in kept:
             allowed[g] &= ok
-        still_infeasible = not all(allowed) or solve(dataclasses.replace(
+        return not all(allowed) or solve(dataclasses.replace(
             free_memory, allowed=tuple(tuple(sorted(a)) for a in allowed)), time_limit_s).choice is None
-        if still_infeasible:
-            keep = trial  # r is not needed for the conflict
+
+    keep = minimal_conflict(restrictions, conflicts)
     if not keep:
         return ShardingInfeasibleError(
             "no sharding satisfies the constraints (a parameter and its update must share a sharding); "

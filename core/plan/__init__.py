@@ -13,7 +13,11 @@ from alpaviz.core.plan._spec import spec_name as spec_name
 from alpaviz.core.plan._spec import to_partition_spec as to_partition_spec
 from alpaviz.core.plan._serde import MAX_DOCUMENT_BYTES as MAX_DOCUMENT_BYTES
 from alpaviz.core.plan._serde import PlanFormatError as PlanFormatError
+from alpaviz.core.plan._pins import InfeasiblePinsError as InfeasiblePinsError
 from alpaviz.core.plan._pins import Pins as Pins
+from alpaviz.core.plan._pins import minimal_conflict as minimal_conflict
+from alpaviz.core.plan._pin_check import check_pin_names as check_pin_names
+from alpaviz.core.plan._pin_check import check_pins as check_pins
 from alpaviz.core.plan._memory import MemoryBreakdown as MemoryBreakdown
 from alpaviz.core.plan._plan import Layer as Layer
 from alpaviz.core.plan._plan import Plan as Plan
@@ -36,15 +40,19 @@ from alpaviz.core.plan._manual_plan import megatron_specs as megatron_specs
 
 __all__ = [
     "MAX_DOCUMENT_BYTES",
+    "check_pin_names",
+    "check_pins",
     "check_spec",
     "data_parallel_specs",
     "format_bytes",
     "from_partition_spec",
     "graph_fingerprint",
+    "InfeasiblePinsError",
     "Layer",
     "make_spec",
     "manual_plan",
     "megatron_specs",
+    "minimal_conflict",
     "MemoryBreakdown",
     "Pins",
     "Plan",

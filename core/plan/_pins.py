@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Mapping
+from typing import Callable, Mapping, Sequence, TypeVar
 
 from alpaviz.core.graph import check_int
 from alpaviz.core.plan._serde import from_jsonable, load_json, to_jsonable
 from alpaviz.core.plan._spec import Spec
 
 Shape2 = tuple[int, int]
+T = TypeVar("T")
+
+# The fields that hold (key, value) pairs; each also takes a mapping, as a user would write it.
+_PAIR_FIELDS = ("stage_submeshes", "stage_logical_meshes", "stage_remat", "strategies", "partition_specs")
+
+
+class InfeasiblePinsError(ValueError):
+    """The pins cannot all hold at once, or one names something that does not exist; the message says which."""
 
 
 def _sorted_pairs(pairs) -> tuple:
@@ -42,6 +50,9 @@ class Pins:
     stage_remat: tuple[tuple[int, bool], ...] = ()  # (stage, recompute its forward in the backward)
 
     def __post_init__(self) -> None:
+        for name in _PAIR_FIELDS:
+            if isinstance(getattr(self, name), Mapping):
+                object.__setattr__(self, name, tuple(getattr(self, name).items()))
         for cut in tuple(self.stage_cuts) + tuple(self.forbidden_cuts):
             check_int("a pinned cut (the layer where a stage starts)", cut)
         if self.num_stages is not None:
@@ -65,7 +76,7 @@ class Pins:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
         set_("stage_cuts", tuple(sorted(set(self.stage_cuts))))
         set_("forbidden_cuts", tuple(sorted(set(self.forbidden_cuts))))
-        for name in ("stage_submeshes", "stage_logical_meshes", "stage_remat", "strategies", "partition_specs"):
+        for name in _PAIR_FIELDS:
             set_(name, _sorted_pairs(getattr(self, name)))
         bad = [c for c in self.stage_cuts + self.forbidden_cuts if c < 1]
         if bad:
@@ -111,27 +122,56 @@ class Pins:
     def is_empty(self) -> bool:
         return self == Pins()
 
+    def atoms(self) -> tuple[tuple[str, "Pins"], ...]:
+        """Each pin on its own: (its description, a Pins holding only it), in a stable order."""
+        atoms = [(f"cut before layer {c}", Pins(stage_cuts=(c,))) for c in self.stage_cuts]
+        atoms += [(f"no cut before layer {c}", Pins(forbidden_cuts=(c,))) for c in self.forbidden_cuts]
+        if self.num_stages is not None:
+            atoms.append((f"{self.num_stages} stages", Pins(num_stages=self.num_stages)))
+        if self.num_microbatches is not None:
+            atoms.append((f"{self.num_microbatches} microbatches", Pins(num_microbatches=self.num_microbatches)))
+        atoms += [(f"stage {s} on submesh {m}", Pins(stage_submeshes=((s, m),))) for s, m in self.stage_submeshes]
+        atoms += [(f"stage {s} logical mesh {m}", Pins(stage_logical_meshes=((s, m),)))
+                  for s, m in self.stage_logical_meshes]
+        atoms += [(f"stage {s} " + ("recomputes its forward" if r else "keeps its activations"),
+                   Pins(stage_remat=((s, r),))) for s, r in self.stage_remat]
+        atoms += [(f"{n} uses {s!r}", Pins(strategies=((n, s),))) for n, s in self.strategies]
+        atoms += [(f"{t} sharded as {s}", Pins(partition_specs=((t, s),))) for t, s in self.partition_specs]
+        return tuple(atoms)
+
+    @classmethod
+    def union(cls, parts: Sequence["Pins"]) -> "Pins":
+        """All the pins of `parts` together; two parts that pin one decision differently are refused."""
+        fields = {}
+        for field in dataclasses.fields(cls):
+            values = [getattr(p, field.name) for p in parts]
+            if field.name in ("num_stages", "num_microbatches"):
+                pinned = sorted({v for v in values if v is not None})
+                if len(pinned) > 1:
+                    raise InfeasiblePinsError(f"{field.name} is pinned to each of {pinned}; keep one")
+                fields[field.name] = pinned[0] if pinned else None
+            elif field.name in _PAIR_FIELDS:
+                pairs = [pair for v in values for pair in v]
+                keys = {}
+                for key, value in pairs:
+                    if keys.setdefault(key, value) != value:
+                        raise InfeasiblePinsError(
+                            f"{field.name}: {key!r} is pinned to both {keys[key]!r} and {value!r}; keep one")
+                fields[field.name] = tuple(pairs)
+            else:
+                fields[field.name] = tuple(x for v in values for x in v)
+        return cls(**fields)
+
     def describe(self) -> list[str]:
         """One line per pin, for error messages and the editor."""
-        lines = [f"cut before layer {c}" for c in self.stage_cuts]
-        lines += [f"no cut before layer {c}" for c in self.forbidden_cuts]
-        if self.num_stages is not None:
-            lines.append(f"{self.num_stages} stages")
-        if self.num_microbatches is not None:
-            lines.append(f"{self.num_microbatches} microbatches")
-        lines += [f"stage {s} on submesh {m}" for s, m in self.stage_submeshes]
-        lines += [f"stage {s} logical mesh {m}" for s, m in self.stage_logical_meshes]
-        lines += [f"stage {s} recomputes its forward" if r else f"stage {s} keeps its activations"
-                  for s, r in self.stage_remat]
-        lines += [f"{n} uses {s!r}" for n, s in self.strategies]
-        lines += [f"{t} sharded as {s}" for t, s in self.partition_specs]
-        return lines
+        return [label for label, _ in self.atoms()]
 
     # ---- edits -----------------------------------------------------------
     def _replace(self, **changes) -> "Pins":
         return dataclasses.replace(self, **changes)
 
     def with_cut(self, layer: int) -> "Pins":
+        """Pin a stage to start at `layer` (and drop a no-cut pin there)."""
         return self._replace(
             stage_cuts=self.stage_cuts + (layer,),
             forbidden_cuts=tuple(c for c in self.forbidden_cuts if c != layer),
@@ -142,15 +182,18 @@ class Pins:
         return self._replace(stage_cuts=tuple(c for c in self.stage_cuts if c != layer))
 
     def with_no_cut(self, layer: int) -> "Pins":
+        """Forbid a stage to start at `layer` (and drop a cut pin there)."""
         return self._replace(
             forbidden_cuts=self.forbidden_cuts + (layer,),
             stage_cuts=tuple(c for c in self.stage_cuts if c != layer),
         )
 
     def without_no_cut(self, layer: int) -> "Pins":
+        """Allow a stage to start at `layer` again."""
         return self._replace(forbidden_cuts=tuple(c for c in self.forbidden_cuts if c != layer))
 
     def with_num_stages(self, num_stages: int | None) -> "Pins":
+        """Pin (or with None, unpin) how many pipeline stages the plan has."""
         return self._replace(num_stages=num_stages)
 
     def with_num_microbatches(self, num_microbatches: int | None) -> "Pins":
@@ -182,6 +225,7 @@ class Pins:
         return self._replace(strategies=tuple(strategies.items()))
 
     def with_partition_spec(self, tensor: str, spec: Spec | None) -> "Pins":
+        """Pin (or with None, unpin) how one tensor is sharded over the stage's logical mesh axes."""
         specs = {t: s for t, s in self.partition_specs if t != tensor}
         if spec is not None:
             specs[tensor] = tuple(tuple(axes) for axes in spec)
@@ -191,6 +235,10 @@ class Pins:
         """The pins that concern sharding inside a stage."""
         return Pins(strategies=self.strategies, partition_specs=self.partition_specs)
 
+    def only_stage_layout(self) -> "Pins":
+        """The pins the stage DP obeys: cuts, stage count, submeshes, logical meshes, recomputation."""
+        return self._replace(strategies=(), partition_specs=(), num_microbatches=None)
+
     # ---- JSON ------------------------------------------------------------
     def to_json(self) -> str:
         return json.dumps(to_jsonable(self))
@@ -198,3 +246,17 @@ class Pins:
     @classmethod
     def from_json(cls, text: str) -> "Pins":
         return from_jsonable(cls, load_json(text, "pins"), "pins")
+
+
+def minimal_conflict(items: Sequence[T], conflicts: Callable[[Sequence[T]], bool]) -> list[T]:
+    """A subset of `items` that still conflicts and from which no item can be dropped (a deletion filter).
+
+    `conflicts(subset)` says whether the subset alone admits no solution; it holds for `items`.
+    One pass, one call per item: the answer is minimal, not necessarily the smallest.
+    """
+    kept = list(items)
+    for item in items:
+        trial = [x for x in kept if x is not item]
+        if conflicts(trial):
+            kept = trial
+    return kept

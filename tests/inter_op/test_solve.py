@@ -178,14 +178,22 @@ def test_conflicting_pins_are_named(gpt4, pins, names):
 @pytest.mark.parametrize(
     "pins,message",
     [
-        (av.Pins(stage_cuts=(9,)), "cut before layer 9"),
-        (av.Pins(num_stages=7), "at most 4"),
-        (av.Pins().with_submesh(0, (1, 3)), "submesh"),
-        (av.Pins().with_strategy("n999999_dot_general", "SR"), "no operator"),
+        (av.Pins(stage_cuts=(9,)), r"cut before layer 9: the graph has layers 0\.\.3, so a cut is 1\.\.3"),
+        (av.Pins(forbidden_cuts=(4,)), r"cut before layer 4: the graph has layers 0\.\.3"),
+        (av.Pins(num_stages=7), r"7 stages: at most 4 \(one layer and one device per stage"),
+        (av.Pins().with_submesh(0, (1, 3)), r"stage 0 on submesh \(1, 3\)"),
+        (av.Pins().with_submesh(0, (1, 2), (4, 1)), r"stage 0 logical mesh \(4, 1\): not a view of submesh"),
+        (av.Pins().with_submesh(4, (1, 1)), r"stage 4 is pinned but there can be at most 4 stages \(0\.\.3\)"),
+        (av.Pins(num_stages=2, stage_logical_meshes=((2, (1, 1)),)), "stage 2 is pinned but there can be at most 2"),
+        (av.Pins().with_remat(99, True), r"stage 99 is pinned but there can be at most 4 stages"),
+        (av.Pins().with_strategy("n999999_dot_general", "SR"), "there is no operator 'n999999_dot_general'"),
+        (av.Pins().with_partition_spec("params.nope", ((),)), "there is no tensor 'params.nope'"),
     ],
-    ids=["cut", "stages", "mesh", "node"],
+    ids=["cut", "no-cut", "stages", "mesh", "logical-mesh", "submesh-stage", "logical-stage", "remat-stage",
+         "node", "tensor"],
 )
 def test_impossible_pins_are_rejected_with_the_reason(gpt4, pins, message):
+    """Every kind of pin out of range is refused before any profiling, naming the pin and the range."""
     with pytest.raises(InfeasiblePinsError, match=message):
         solve(gpt4, cluster=av.Cluster.a100_node(1, 4), pins=pins, progress=False, stage_cost=analytic_stage_cost)
 

@@ -258,10 +258,13 @@ def test_non_dividing_pinned_spec_is_a_clear_error():
 def test_unknown_pins_are_clear_errors():
     graph = mlp(8, 8, 8)
     dot = next(n.name for n in graph.nodes if n.primitive == "dot_general")
-    with pytest.raises(ValueError, match="choose one of"):
+    with pytest.raises(av.InfeasiblePinsError, match="choose one of"):
         solve_sharding(graph, _mesh((1, 4)), CLUSTER, pins=av.Pins().with_strategy(dot, "SS = SS x SS"))
-    with pytest.raises(ValueError, match="not in graph"):
+    # The same error, from the same check, as av.solve gives for a pin that names nothing.
+    with pytest.raises(av.InfeasiblePinsError, match="there is no operator 'n999_dot' in the graph"):
         solve_sharding(graph, _mesh((1, 4)), CLUSTER, pins=av.Pins().with_strategy("n999_dot", "RR = RR x RR"))
+    with pytest.raises(av.InfeasiblePinsError, match="there is no tensor 'params.nope' in the graph"):
+        solve_sharding(graph, _mesh((1, 4)), CLUSTER, pins=av.Pins().with_partition_spec("params.nope", ((), ())))
 
 
 def test_conflicting_pins_name_the_culprits():

@@ -4,6 +4,7 @@ import pytest
 
 import alpaviz as av
 from alpaviz.core import Layer, PredictedCost, Schedule, SolverInfo, Stage, StageCost
+from alpaviz.core.plan import minimal_conflict
 
 
 def _hand_plan(pins=av.Pins()):
@@ -84,6 +85,38 @@ def test_pins_are_frozen_and_edits_return_new_pins():
     assert av.Pins.from_json(p2.to_json()) == p2
     with pytest.raises(AttributeError):
         p2.num_stages = 3  # type: ignore[misc]
+
+
+def test_pins_take_mappings_as_a_user_writes_them():
+    written = av.Pins(strategies={"n0_dot_general": "SS = SR x RS"}, stage_submeshes={1: (1, 4)},
+                      stage_remat={0: True}, partition_specs={"params.w": (("x",), ())})
+    assert written == (av.Pins().with_strategy("n0_dot_general", "SS = SR x RS").with_submesh(1, (1, 4))
+                       .with_remat(0, True).with_partition_spec("params.w", (("x",), ())))
+    assert av.Pins.from_json(written.to_json()) == written
+
+
+def test_pins_atoms_describe_and_reunite_every_pin():
+    pins = (av.Pins(num_stages=3, num_microbatches=4).with_cut(2).with_no_cut(1).with_submesh(0, (1, 2), (2, 1))
+            .with_remat(1, False).with_strategy("n3", "RR").with_partition_spec("params.w", ((), ())))
+    atoms = pins.atoms()
+    assert [label for label, _ in atoms] == pins.describe()
+    assert len(atoms) == 9, "one atom per pin, the intra-op ones included"
+    assert all(len(atom.atoms()) == 1 for _, atom in atoms)
+    assert av.Pins.union([atom for _, atom in atoms]) == pins
+    assert av.Pins.union([]) == av.Pins()
+    with pytest.raises(av.InfeasiblePinsError, match="num_stages is pinned to each of"):
+        av.Pins.union([av.Pins(num_stages=2), av.Pins(num_stages=3)])
+    with pytest.raises(av.InfeasiblePinsError, match="'n3' is pinned to both 'RR' and 'SR'"):
+        av.Pins.union([av.Pins().with_strategy("n3", "RR"), av.Pins().with_strategy("n3", "SR")])
+
+
+def test_minimal_conflict_keeps_only_what_the_conflict_needs():
+    # Items conflict when both 2 and 5 are present, or when 7 is: the filter keeps a minimal such set.
+    conflicts = lambda some: {2, 5} <= set(some) or 7 in some  # noqa: E731
+    assert minimal_conflict([1, 2, 3, 5, 7], conflicts) == [7]
+    assert minimal_conflict([1, 2, 3, 5], conflicts) == [2, 5]
+    kept = minimal_conflict([7, 2, 5], conflicts)
+    assert conflicts(kept) and all(not conflicts([x for x in kept if x != y]) for y in kept)
 
 
 def test_conflicting_pins_are_explained():

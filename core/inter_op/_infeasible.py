@@ -1,9 +1,10 @@
-"""Pins against the graph and cluster, in the DP's terms, and why no plan exists when none does.
+"""Why no plan exists when none does, and the stage-layout pins in the DP's terms.
 
-Errors name the rule, the values and the fix: a pin naming a layer, stage,
-mesh or operator that cannot exist; a minimal set of pins that cannot hold
-together (a deletion filter over the inter-op pins); or the memory a model
-needs against the limit (found by bisection on the limit).
+Errors name the rule, the values and the fix: a minimal set of pins that
+cannot hold together (a deletion filter over the stage-layout pins), a layer
+no mesh can run under its sharding pins, or the memory a model needs against
+the limit (found by bisection on the limit).  Pins naming what cannot exist
+are refused earlier, by `alpaviz.core.plan.check_pins`.
 """
 
 from __future__ import annotations
@@ -12,60 +13,14 @@ import math
 from typing import Callable, Sequence
 
 from alpaviz.core.cost import Cluster
-from alpaviz.core.graph import OpGraph
 from alpaviz.core.inter_op._setup import SolveSetup
 from alpaviz.core.inter_op._stage_dp import MeshChoice, ScheduleKind, StageConstraints, is_feasible
 from alpaviz.core.inter_op._stage_profile import ProfileTable
-from alpaviz.core.plan import Pins, format_bytes
-
-
-class InfeasiblePinsError(ValueError):
-    """The pins cannot all hold at once (or one names something that does not exist)."""
+from alpaviz.core.plan import InfeasiblePinsError, Pins, format_bytes, minimal_conflict
 
 
 class ModelTooLargeError(ValueError):
     """The model does not fit the cluster's device memory under any plan."""
-
-
-def check_pins(pins: Pins, graph: OpGraph, cluster: Cluster) -> None:
-    """Raise InfeasiblePinsError for a pin that names a layer, stage, mesh or operator that cannot exist."""
-    problems = []
-    num_layers = graph.num_layers
-    for cut in pins.stage_cuts + pins.forbidden_cuts:
-        if cut >= num_layers:
-            problems.append(f"cut before layer {cut}: the graph has layers 0..{num_layers - 1}, so a cut is 1..{num_layers - 1}")
-    max_stages = min(num_layers, cluster.num_devices)
-    if pins.num_stages is not None and pins.num_stages > max_stages:
-        problems.append(
-            f"{pins.num_stages} stages: at most {max_stages} (one layer and one device per stage; "
-            f"{num_layers} layers, {cluster.num_devices} devices)"
-        )
-    limit = pins.num_stages if pins.num_stages is not None else max_stages
-    for stage, submesh in pins.stage_submeshes:
-        try:
-            cluster.validate_submesh(submesh)
-        except ValueError as err:
-            problems.append(f"stage {stage} on submesh {submesh}: {err}")
-        else:
-            if submesh not in cluster.submesh_shapes():
-                problems.append(f"stage {stage} on submesh {submesh}: choose one of {cluster.submesh_shapes()}")
-    logical_map = pins.logical_mesh_map
-    for stage, logical in pins.stage_logical_meshes:
-        submesh = pins.submesh_map.get(stage)
-        shapes = [submesh] if submesh is not None else list(cluster.submesh_shapes())
-        if not any(tuple(logical) in cluster.logical_shapes(s) for s in shapes):
-            problems.append(f"stage {stage} logical mesh {logical}: not a view of {'submesh ' + str(submesh) if submesh else 'any submesh'}")
-    for stage in set(pins.submesh_map) | set(logical_map):
-        if stage >= limit:
-            problems.append(f"stage {stage} is pinned but there can be at most {limit} stages (0..{limit - 1})")
-    for node, strategy in pins.strategies:
-        if node not in graph.node_by_name:
-            problems.append(f"{node} uses {strategy!r}: there is no operator {node!r} in the graph")
-    for tensor, spec in pins.partition_specs:
-        if tensor not in graph.tensor_by_name:
-            problems.append(f"{tensor} sharded as {spec}: there is no tensor {tensor!r} in the graph")
-    if problems:
-        raise InfeasiblePinsError("impossible pins:\n  " + "\n  ".join(problems))
 
 
 def constraints_from_pins(pins: Pins, meshes: Sequence[MeshChoice], num_layers: int, cluster: Cluster) -> StageConstraints:
@@ -105,29 +60,6 @@ def check_intra_op_pins(pins: Pins, profiles: ProfileTable) -> None:
             )
 
 
-def _atomic_pins(pins: Pins) -> list[tuple[str, Pins]]:
-    items = [(f"cut before layer {c}", Pins(stage_cuts=(c,))) for c in pins.stage_cuts]
-    items += [(f"no cut before layer {c}", Pins(forbidden_cuts=(c,))) for c in pins.forbidden_cuts]
-    if pins.num_stages is not None:
-        items.append((f"{pins.num_stages} stages", Pins(num_stages=pins.num_stages)))
-    items += [(f"stage {s} on submesh {m}", Pins(stage_submeshes=((s, m),))) for s, m in pins.stage_submeshes]
-    items += [(f"stage {s} logical mesh {m}", Pins(stage_logical_meshes=((s, m),))) for s, m in pins.stage_logical_meshes]
-    items += [(f"stage {s} " + ("recomputes its forward" if r else "keeps its activations"),
-               Pins(stage_remat=((s, r),))) for s, r in pins.stage_remat]
-    return items
-
-
-def _union(parts: Sequence[Pins]) -> Pins:
-    return Pins(
-        stage_cuts=tuple(c for p in parts for c in p.stage_cuts),
-        forbidden_cuts=tuple(c for p in parts for c in p.forbidden_cuts),
-        num_stages=next((p.num_stages for p in parts if p.num_stages is not None), None),
-        stage_submeshes=tuple(x for p in parts for x in p.stage_submeshes),
-        stage_logical_meshes=tuple(x for p in parts for x in p.stage_logical_meshes),
-        stage_remat=tuple(x for p in parts for x in p.stage_remat),
-    )
-
-
 def diagnose(setup: SolveSetup, pins: Pins, num_microbatches: int, schedule: ScheduleKind) -> ValueError:
     """Explain why no plan exists: the memory limit (with or without the pins), or conflicting pins."""
     cluster, limit = setup.cluster, setup.memory_limit_bytes
@@ -139,15 +71,11 @@ def diagnose(setup: SolveSetup, pins: Pins, num_microbatches: int, schedule: Sch
 
     if not feasible(Pins()):
         return _too_large(setup, _least_memory(lambda m: feasible(Pins(), m), limit), ())
+    atoms = pins.only_stage_layout().atoms()
     if feasible(pins, math.inf):
-        names = [name for name, _ in _atomic_pins(pins)]
+        names = [name for name, _ in atoms]
         return _too_large(setup, _least_memory(lambda m: feasible(pins, m), limit), names)
-    atoms = _atomic_pins(pins)
-    conflict = list(atoms)
-    for atom in atoms:  # deletion filter: drop every pin the conflict does not need
-        trial = [a for a in conflict if a is not atom]
-        if not feasible(_union([p for _, p in trial]), math.inf):
-            conflict = trial
+    conflict = minimal_conflict(atoms, lambda some: not feasible(Pins.union([p for _, p in some]), math.inf))
     names = [name for name, _ in conflict]
     placement = ""
     if cluster.num_hosts > 1 and any(p.stage_submeshes for _, p in conflict):
