@@ -19,7 +19,7 @@ import numpy as np
 from alpaviz.core.inter_op._infeasible import ModelTooLargeError
 from alpaviz.core.inter_op._progress import Progress, ProgressFn
 from alpaviz.core.inter_op._stage_dp import NoStagePlanError
-from alpaviz.core.plan import InfeasiblePinsError, Plan, SolverInfo
+from alpaviz.core.plan import InfeasiblePinsError, Plan
 
 # Beyond this a microbatch is too small to keep a device busy on any model we plan.
 MAX_MICROBATCHES = 1024
@@ -81,8 +81,7 @@ def best_over_microbatches(plan_for: Callable[[int], Plan], counts: Sequence[int
     note = f"microbatch counts searched for the {what} (step time each): {table}; chose {best_count}"
     solver = best.solver
     seconds = sum(p.solver.seconds for _, p in plans)
-    return dataclasses.replace(best, solver=SolverInfo(solver.status, seconds, solver.objective,
-                                                       (*solver.notes, note)))
+    return dataclasses.replace(best, solver=dataclasses.replace(solver, seconds=seconds, notes=(*solver.notes, note)))
 
 
 def _short(err: Exception) -> str:

@@ -129,16 +129,16 @@ def solve(
         bar.close()
     gap = "optimal" if tolerance == 0 else f"within {tolerance:.1%} of optimal"
     notes = (
-        f"stage costs: {setup.stage_cost_name}; {setup.profiles.profiled} layer profiles computed, "
-        f"the rest from the cache",
+        f"stage costs: {setup.stage_cost_name}",
         f"t_max candidates tried: {solution.candidates_tried} of {solution.candidates_total} (branch and bound; "
-        f"the stages are {gap} for these profiles); "
-        f"profiling {profiled_at - started:.2f} s, DP {time.perf_counter() - profiled_at:.2f} s",
+        f"the stages are {gap} for these profiles)",
         "stage cost = sum of its layers' costs + boundary send/recv (no resharding inside a stage)",
         *control_flow_notes(setup.graph),
     )
+    timings = (f"profiling {profiled_at - started:.2f} s ({setup.profiles.profiled} layer profiles computed, "
+               f"the rest from the cache), DP {time.perf_counter() - profiled_at:.2f} s",)
     return assemble_plan(setup, solution, pins, num_microbatches, schedule, time.perf_counter() - started,
-                         notes, exact=tolerance == 0)
+                         notes, exact=tolerance == 0, timings=timings)
 
 
 def control_flow_notes(graph: OpGraph) -> tuple[str, ...]:
@@ -327,6 +327,7 @@ def assemble_plan(
     seconds: float,
     notes: Sequence[str],
     exact: bool = True,
+    timings: Sequence[str] = (),
 ) -> Plan:
     """Turn a DP solution into a Plan with per-stage costs and a step-time breakdown.
 
@@ -400,7 +401,8 @@ def assemble_plan(
         model=setup.graph.name, graph_fingerprint=graph_fingerprint(setup.graph), cluster=cluster,
         cost_model=setup.cost_model, layers=layers, stages=tuple(stages),
         schedule=Schedule(schedule, num_microbatches), predicted=predicted, pins=pins,
-        solver=SolverInfo(status=status, seconds=seconds, objective=solution.objective_s, notes=tuple(notes)),
+        solver=SolverInfo(status=status, seconds=seconds, objective=solution.objective_s, notes=tuple(notes),
+                          timings=tuple(timings)),
     )
 
 

@@ -184,12 +184,17 @@ class PredictedCost:
 
 @dataclasses.dataclass(frozen=True)
 class SolverInfo:
-    """How the plan was found: status, seconds, objective and any notes."""
+    """How the plan was found: status, seconds, objective and any notes.
+
+    `seconds` and `timings` (how long each phase took, what came from a cache)
+    describe this run, not the plan: two solves of one problem give equal plans.
+    """
 
     status: SolverStatus
-    seconds: float
+    seconds: float = dataclasses.field(compare=False)
     objective: float
     notes: tuple[str, ...] = ()
+    timings: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,6 +354,8 @@ class Plan:
             lines.append(f"  pinned: {line}")
         for note in self.solver.notes:
             lines.append(f"  note: {note}")
+        for timing in self.solver.timings:
+            lines.append(f"  timing: {timing}")
         return "\n".join(lines)
 
     # ---- edits and JSON -------------------------------------------------

@@ -210,6 +210,13 @@ def test_cache_makes_a_resolve_after_a_pin_fast_and_plans_round_trip(gpt4):
     # No new profile: the re-solve is the DP alone (its seconds are in benchmarks/bench_plan.py).
     assert len(cache) == size and 2 in again.stage_cuts
     assert av.Plan.from_json(plan.to_json()) == plan
+    # The same problem solved again, all from the cache: an equal plan; only the run's timings differ.
+    same = solve(gpt4, cluster=cluster, cache=cache, num_microbatches=4, progress=False,
+                 stage_cost=analytic_stage_cost)
+    assert same == plan and same.to_json() != plan.to_json()
+    assert "0 layer profiles computed" in same.solver.timings[0] and "0 layer" not in plan.solver.timings[0]
+    assert "timing: profiling" in same.summary()
+    assert av.Plan.from_json(same.to_json()).solver.timings == same.solver.timings
     assert plan.graph_fingerprint == av.core.graph_fingerprint(gpt4)
     text = plan.summary()
     assert "stage" in text and "predicted step" in text
