@@ -33,6 +33,7 @@ from alpaviz.core import cluster_layers as cluster_layers
 from alpaviz.core import resolve as resolve
 from alpaviz.core import shard_step as shard_step
 from alpaviz.core import solve as solve
+from alpaviz.core import SolveOptions as SolveOptions
 from alpaviz.core import solve_sharding_auto as solve_sharding
 from alpaviz.core import trace as trace
 
@@ -56,6 +57,6 @@ __all__ = [
     "baselines", "Cluster", "cluster_layers", "CostModel", "DeviceSpec", "editor", "InfeasiblePinsError",
     "Link", "LogicalMesh", "make_spec", "manual_plan", "mark_layer", "models", "ModelTooLargeError",
     "next_step_args", "OpGraph", "parallelize", "Pins", "Plan", "PlanFormatError", "predicted_timeline",
-    "resolve", "shard_step", "ShardingInfeasibleError", "solve", "solve_sharding", "StageProfileCache",
+    "resolve", "shard_step", "ShardingInfeasibleError", "solve", "SolveOptions", "solve_sharding", "StageProfileCache",
     "StepStructureError", "trace",
 ]

@@ -69,6 +69,7 @@ from alpaviz.core.inter_op import (
     ModelTooLargeError as ModelTooLargeError,
     resolve as resolve,
     solve as solve,
+    SolveOptions as SolveOptions,
     StageCostFn as StageCostFn,
     StageProfileCache as StageProfileCache,
 )
@@ -110,6 +111,7 @@ __all__ = [
     "next_step_args",
     "megatron_specs",
     "ModelTooLargeError",
+    "SolveOptions",
     "OpGraph",
     "OpNode",
     "parallelize",

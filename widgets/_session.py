@@ -16,7 +16,8 @@ import time
 from typing import Any, Callable, Literal
 
 from alpaviz.core import (
-    MAX_DOCUMENT_BYTES, Cluster, CostModel, Link, OpGraph, Pins, Plan, StageProfileCache, Timeline, next_step_args,
+    MAX_DOCUMENT_BYTES, Cluster, CostModel, Link, OpGraph, Pins, Plan, SolveOptions, StageProfileCache, Timeline,
+    next_step_args,
     parallelize, predicted_timeline, solve, strategy_names as core_strategy_names, trace, validate_plan,
 )
 from alpaviz.core.graph import microbatch_args, split_microbatch
@@ -167,15 +168,17 @@ class EditorSession:
         *,
         whatif: WhatIf | None = None,
         solver: Solver | None = None,
-        solve_options: dict[str, Any] | None = None,
+        solve_options: SolveOptions | dict[str, Any] | None = None,
         step_fn: Callable[..., Any] | None = None,
         example_args: tuple[Any, ...] = (),
     ) -> None:
         self.graph = graph
         self.solver = solver or solve
-        self.solve_options = dict(solve_options or {})
-        cache = self.solve_options.pop("cache", None)  # an empty cache is falsy: test for None
-        self.cache = StageProfileCache() if cache is None else cache
+        if not isinstance(solve_options, SolveOptions):
+            solve_options = SolveOptions.of(None, **dict(solve_options or {}))
+        # One cache for every solve of the session (an empty cache is falsy: test for None).
+        self.cache = StageProfileCache() if solve_options.cache is None else solve_options.cache
+        self.solve_options = solve_options.replace(cache=self.cache)
         self.whatif = whatif or (WhatIf(plan.schedule.num_microbatches, plan.schedule.kind, plan.cluster)
                                  if plan else WhatIf())
         self.step_fn, self.example_args = step_fn, example_args
@@ -327,16 +330,12 @@ class EditorSession:
             self.pins = pins
         if self.solver is None:
             return self._changed(Outcome(False, "Re-solve not available: this session has no solver (give it solver=av.solve)"))
-        options = dict(self.solve_options)
-        if self.cache is not None:
-            options["cache"] = self.cache
+        options = self.solve_options.replace(num_microbatches=self.whatif.num_microbatches,
+                                             schedule=self.whatif.schedule, pins=self.pins, progress=self._report)
         start = time.perf_counter()
         try:
             with self._working("re-solving"):
-                plan = self.solver(
-                    self.graph, cluster=self.whatif.cluster, num_microbatches=self.whatif.num_microbatches,
-                    schedule=self.whatif.schedule, pins=self.pins, progress=self._report, **options,
-                )
+                plan = self.solver(self.graph, cluster=self.whatif.cluster, options=options)
         except ValueError as err:
             return self._changed(Outcome(False, f"infeasible: {err}{self._kept()}"))
         except Exception as err:  # a solver bug must not take the editor down
@@ -353,15 +352,12 @@ class EditorSession:
             return self._changed(Outcome(False, f"Searching the microbatch count needs {why}"))
         argnums, m = self.graph.batch_argnums, self.whatif.num_microbatches
         global_args = tuple(repeat_batch(a, m) if i in argnums else a for i, a in enumerate(self.example_args))
-        options = dict(self.solve_options, cache=self.cache)
+        options = self.solve_options.replace(num_microbatches="auto", global_batch_argnums=argnums,
+                                             schedule=self.whatif.schedule, pins=self.pins, progress=self._report)
         start = time.perf_counter()
         try:
             with self._working("searching the microbatch count"):
-                plan = self.solver(
-                    self.step_fn, *global_args, cluster=self.whatif.cluster, num_microbatches="auto",
-                    global_batch_argnums=argnums, schedule=self.whatif.schedule, pins=self.pins,
-                    progress=self._report, **options,
-                )
+                plan = self.solver(self.step_fn, *global_args, cluster=self.whatif.cluster, options=options)
             count = plan.schedule.num_microbatches
             micro_args = microbatch_args(global_args, argnums, count)
             graph = trace(self.step_fn, *micro_args)
@@ -393,18 +389,19 @@ class EditorSession:
         """Price beside the shown plan the solver's best with one stage fewer and one more (the runner-ups of
         the stage DP, under the same pins), the Megatron grid's best and data parallelism, from the same
         profiles."""
-        options = {k: v for k, v in self.solve_options.items() if k in ("stage_cost", "memory_limit", "num_layers")}
-        options.update(cluster=self.whatif.cluster, num_microbatches=self.whatif.num_microbatches,
-                       schedule=self.whatif.schedule, cache=self.cache)
+        cluster = self.whatif.cluster
+        options = self.solve_options.replace(num_microbatches=self.whatif.num_microbatches,
+                                             schedule=self.whatif.schedule, progress=False)
+        # The baselines pin their own layout: they take the options without the session's pins and hints.
+        baseline = options.replace(pins=Pins(), submeshes=None, tolerance=0.0, previous=None)
         entries: list[tuple[str, Plan | str]] = [("this plan", self.plan)]
         jobs: list[tuple[str, Callable[[], Plan]]] = [
             (f"best with {n} stages", lambda n=n: self.solver(
-                self.graph, pins=dataclasses.replace(self.pins, num_stages=n), progress=False,
-                **dict(self.solve_options, **options)))
+                self.graph, cluster=cluster, options=options.replace(pins=dataclasses.replace(self.pins, num_stages=n))))
             for n in self.runner_up_stage_counts()
         ]
-        jobs += [("Megatron grid (best)", lambda: megatron_grid(self.graph, **options)),
-                 ("data parallel", lambda: data_parallel(self.graph, **options))]
+        jobs += [("Megatron grid (best)", lambda: megatron_grid(self.graph, cluster=cluster, options=baseline)),
+                 ("data parallel", lambda: data_parallel(self.graph, cluster=cluster, options=baseline))]
         with self._working("pricing the alternatives"):
             for done, (name, make) in enumerate(jobs):
                 self._report("alternatives priced", done, len(jobs))
@@ -460,10 +457,12 @@ class EditorSession:
             for stage in plan.stages:
                 pins = pins.with_submesh(stage.index, stage.submesh, stage.logical_mesh).with_remat(stage.index,
                                                                                                   stage.remat)
-            options = {k: v for k, v in self.solve_options.items() if k in ("stage_cost", "num_layers")}
-            local = solve(self.graph, cluster=cluster, cost_model=CostModel(compute_efficiency=1.0, memory_efficiency=1.0),
-                          num_microbatches=plan.schedule.num_microbatches, schedule=plan.schedule.kind, pins=pins,
-                          memory_limit=1e18, progress=False, cache=self.cache, **options)  # it ran: it fits
+            options = SolveOptions(
+                cost_model=CostModel(compute_efficiency=1.0, memory_efficiency=1.0),
+                num_microbatches=plan.schedule.num_microbatches, schedule=plan.schedule.kind, pins=pins,
+                memory_limit=1e18, progress=False, cache=self.cache,  # it ran: it fits
+                stage_cost=self.solve_options.stage_cost, num_layers=self.solve_options.num_layers)
+            local = solve(self.graph, cluster=cluster, options=options)
             return predicted_timeline(local, self.graph)
         except ValueError:
             return None

@@ -9,6 +9,7 @@ from alpaviz.core.inter_op._stage_cost import analytic_stage_cost as analytic_st
 from alpaviz.core.inter_op._stage_profile import StageProfileCache as StageProfileCache
 from alpaviz.core.plan import InfeasiblePinsError as InfeasiblePinsError
 from alpaviz.core.inter_op._infeasible import ModelTooLargeError as ModelTooLargeError
+from alpaviz.core.inter_op._options import SolveOptions as SolveOptions
 from alpaviz.core.inter_op._solve import resolve as resolve
 from alpaviz.core.inter_op._solve import solve as solve
 from alpaviz.core.inter_op._baselines import data_parallel as data_parallel
@@ -31,6 +32,7 @@ __all__ = [
     "ModelTooLargeError",
     "resolve",
     "solve",
+    "SolveOptions",
     "StageCostFn",
     "StageProfileCache",
 ]

@@ -15,68 +15,30 @@ removed, so it is priced by exactly the same stage profiles:
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 from alpaviz.core.cost import Cluster
-from alpaviz.core.graph import OpGraph, microbatch_args, trace
+from alpaviz.core.graph import OpGraph, trace
+from alpaviz.core.inter_op._assemble import evaluate_stages
 from alpaviz.core.inter_op._data_parallel import data_parallel_pins
 from alpaviz.core.inter_op._layer_clustering import cluster_layers
-from alpaviz.core.inter_op._microbatch_search import best_over_microbatches, global_batch_size, microbatch_counts
-from alpaviz.core.inter_op._solve import InfeasiblePinsError, evaluate_stages, prepare, solve
-from alpaviz.core.inter_op._stage_cost import StageCostFn, analytic_stage_cost, default_stage_cost
+from alpaviz.core.inter_op._microbatch_search import args_at_microbatch_size, search_counts
+from alpaviz.core.inter_op._options import SolveOptions, unused_options, with_option_signature
+from alpaviz.core.inter_op._prepare import prepare
+from alpaviz.core.inter_op._solve import solve
+from alpaviz.core.inter_op._stage_cost import analytic_stage_cost, default_stage_cost
 from alpaviz.core.inter_op._stage_dp import MeshChoice, StageChoice
-from alpaviz.core.inter_op._stage_profile import StageProfileCache
-from alpaviz.core.plan import Pins, Plan
+from alpaviz.core.plan import InfeasiblePinsError, Pins, Plan
+
+# A baseline fixes these itself: a value given for one would be silently ignored, so it is refused.
+_SET_BY_THE_BASELINE = ("pins", "submeshes", "tolerance", "previous")
 
 
-def _graph(fn_or_graph: Callable[..., Any] | OpGraph, args: tuple, num_layers: int | None) -> OpGraph:
-    if isinstance(fn_or_graph, OpGraph):
-        graph = fn_or_graph
-    else:
-        graph = trace(fn_or_graph, *args)
-    return cluster_layers(graph, num_layers)
-
-
-_SETUP_OPTIONS = ("cost_model", "memory_limit", "cache", "progress", "num_layers", "stage_cost", "profile",
-                  "workers")
-
-
-def _split(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    setup = {k: v for k, v in options.items() if k in _SETUP_OPTIONS}
-    run = {k: v for k, v in options.items() if k in ("num_microbatches", "schedule")}
-    if "num_microbatches" in run:
-        setup["num_microbatches"] = run["num_microbatches"]
-    unknown = set(options) - set(setup) - set(run)
-    if unknown:
-        raise TypeError(f"unknown baseline option(s) {sorted(unknown)}")
-    return setup, run
-
-
-def _at_microbatch_size(baseline: Callable[..., Plan], fn_or_graph, args: tuple, options: dict[str, Any],
-                        what: str) -> tuple[tuple, Plan | None]:
-    """Apply `global_batch_argnums` to `args`; with `num_microbatches="auto"`, the best count's plan.
-
-    Returns (args at microbatch size, None) when the count is given, or
-    (args, the searched plan) when it is "auto".
-    """
-    argnums = tuple(options.pop("global_batch_argnums", ()))
-    count = options.get("num_microbatches", 1)
-    if count == "auto":
-        if isinstance(fn_or_graph, OpGraph):
-            raise ValueError(f"the {what} with num_microbatches='auto' needs the step function and its "
-                             f"global-batch arguments (with global_batch_argnums), not an OpGraph")
-        options.setdefault("cache", StageProfileCache())
-        search = {k: v for k, v in options.items() if k != "num_microbatches"}
-        plan = best_over_microbatches(
-            lambda b: baseline(fn_or_graph, *args, num_microbatches=b, global_batch_argnums=argnums, **search),
-            microbatch_counts(global_batch_size(args, argnums)), what)
-        return args, plan
-    if argnums:
-        if isinstance(fn_or_graph, OpGraph):
-            raise ValueError("global_batch_argnums needs the step function and its arguments, not an OpGraph")
-        args = microbatch_args(args, argnums, count)
-    return args, None
+def _graph(fn_or_graph: Callable[..., Any] | OpGraph, args: tuple, options: SolveOptions) -> OpGraph:
+    """The step's graph at microbatch size, layered as the options say."""
+    args = args_at_microbatch_size(fn_or_graph, args, options)
+    graph = fn_or_graph if isinstance(fn_or_graph, OpGraph) else trace(fn_or_graph, *args)
+    return cluster_layers(graph, options.num_layers)
 
 
 def _mesh_index(meshes, submesh: tuple[int, int], logical: tuple[int, int], remat: bool = False) -> int:
@@ -84,37 +46,37 @@ def _mesh_index(meshes, submesh: tuple[int, int], logical: tuple[int, int], rema
                 if m.submesh == submesh and m.logical_shape == logical and m.remat == remat)
 
 
+@with_option_signature
 def data_parallel(
-    fn_or_graph: Callable[..., Any] | OpGraph, *args: Any, cluster: Cluster,
-    stage_cost: StageCostFn | None = None, num_layers: int | None = None, **options: Any,
+    fn_or_graph: Callable[..., Any] | OpGraph, *args: Any, cluster: Cluster, options: SolveOptions | None = None,
+    **keywords: Any,
 ) -> Plan:
     """Pure data parallelism on every device (raises ModelTooLargeError when the replicas do not fit)."""
-    args, searched = _at_microbatch_size(
-        functools.partial(data_parallel, cluster=cluster, stage_cost=stage_cost, num_layers=num_layers),
-        fn_or_graph, args, options, "data-parallel baseline")
-    if searched is not None:
-        return searched
-    graph = _graph(fn_or_graph, args, num_layers)
-    fn = stage_cost if stage_cost is not None else default_stage_cost()
-    setup_options, run = _split(options)
-    pins = data_parallel_pins(graph, cluster)
-    if fn is analytic_stage_cost:  # pure data parallel by construction; no sharding pins needed
-        pins = Pins(num_stages=1).with_submesh(0, cluster.whole_submesh, (cluster.num_devices, 1))
+    options = SolveOptions.of(options, **keywords)
+    unused_options(options, _SET_BY_THE_BASELINE, "data-parallel baseline")
+    if options.num_microbatches == "auto":
+        return search_counts(lambda at_count: data_parallel(fn_or_graph, *args, cluster=cluster, options=at_count),
+                             fn_or_graph, args, options, "data-parallel baseline")
+    graph = _graph(fn_or_graph, args, options)
+    fn = options.stage_cost if options.stage_cost is not None else default_stage_cost()
+    whole = Pins(num_stages=1).with_submesh(0, cluster.whole_submesh, (cluster.num_devices, 1))
+    # The analytic cost is pure data parallel by construction; the ILP needs the sharding pinned.
+    pins = whole if fn is analytic_stage_cost else data_parallel_pins(graph, cluster)
     only = [MeshChoice(cluster.whole_submesh, (cluster.num_devices, 1))]
     # The ILP may refuse some of these pins (e.g. a tied embedding whose update aliases another
     # layer's); then fewer are pinned (batch split only, then just the mesh) and the plan says so.
-    layout = Pins(num_stages=1).with_submesh(0, cluster.whole_submesh, (cluster.num_devices, 1))
-    attempts = [pins, data_parallel_pins(graph, cluster, replicate_state=False), layout]
+    attempts = [pins, data_parallel_pins(graph, cluster, replicate_state=False), whole]
     notes: list[str] = []
     for attempt in dict.fromkeys(attempts):
         try:
-            setup = prepare(graph, cluster=cluster, pins=attempt, stage_cost=fn, meshes=only, **setup_options)
+            setup = prepare(graph, cluster=cluster, options=options.replace(pins=attempt, stage_cost=fn), meshes=only)
         except InfeasiblePinsError as err:
-            if attempt is layout:
+            if attempt is whole:
                 raise
             notes.append(f"data-parallel sharding pins refused: {str(err).splitlines()[0][:160]}")
             continue
-        return evaluate_stages(setup, [StageChoice(0, graph.num_layers, 0)], attempt, notes=tuple(notes), **run)
+        return evaluate_stages(setup, [StageChoice(0, graph.num_layers, 0)], attempt, options.num_microbatches,
+                               options.schedule, notes=tuple(notes))
     raise AssertionError("unreachable: the last attempt raises or returns")
 
 
@@ -152,30 +114,31 @@ def grid_pins(graph: OpGraph, cluster: Cluster) -> list[tuple[str, Pins]]:
     return out
 
 
+@with_option_signature
 def megatron_grid(
-    fn_or_graph: Callable[..., Any] | OpGraph, *args: Any, cluster: Cluster,
-    stage_cost: StageCostFn | None = None, num_layers: int | None = None, return_all: bool = False,
-    **options: Any,
+    fn_or_graph: Callable[..., Any] | OpGraph, *args: Any, cluster: Cluster, return_all: bool = False,
+    options: SolveOptions | None = None, **keywords: Any,
 ) -> Plan | list[tuple[str, Plan]]:
     """The best Megatron-style grid plan (DP x TP x PP, uniform stages); all that fit with `return_all`.
 
     Priced from the same stage profiles as `solve` (pass the same `cache`).
     Configurations that do not fit in memory or cannot split the batch are
     skipped; if none fits, the last reason is raised.  Like `solve`, it
-    takes `global_batch_argnums` and `num_microbatches="auto"`.
+    takes `global_batch_argnums` and `num_microbatches="auto"`; it shows no
+    progress bars unless asked.
     """
-    if return_all and options.get("num_microbatches") == "auto":
-        raise ValueError("return_all=True lists one microbatch count's grid; give num_microbatches as an int")
-    args, searched = _at_microbatch_size(
-        functools.partial(megatron_grid, cluster=cluster, stage_cost=stage_cost, num_layers=num_layers),
-        fn_or_graph, args, options, "Megatron grid")
-    if searched is not None:
-        return searched
-    graph = _graph(fn_or_graph, args, num_layers)
-    fn = stage_cost if stage_cost is not None else default_stage_cost()
-    setup_options, run = _split(options)
-    setup_options.setdefault("progress", False)
-    setup = prepare(graph, cluster=cluster, stage_cost=fn, **setup_options)
+    if options is None:
+        keywords.setdefault("progress", False)
+    options = SolveOptions.of(options, **keywords)
+    unused_options(options, _SET_BY_THE_BASELINE, "Megatron grid")
+    if options.num_microbatches == "auto":
+        if return_all:
+            raise ValueError("return_all=True lists one microbatch count's grid; give num_microbatches as an int")
+        return search_counts(lambda at_count: megatron_grid(fn_or_graph, *args, cluster=cluster, options=at_count),
+                             fn_or_graph, args, options, "Megatron grid")
+    graph = _graph(fn_or_graph, args, options)
+    fn = options.stage_cost if options.stage_cost is not None else default_stage_cost()
+    setup = prepare(graph, cluster=cluster, options=options.replace(stage_cost=fn))
     plans: list[tuple[str, Plan]] = []
     error: ValueError | None = None
     for label, cuts, submesh, logical in grid_configs(graph.num_layers, cluster):
@@ -186,7 +149,8 @@ def megatron_grid(
             stages = [StageChoice(a, b, mesh) for a, b in zip(bounds, bounds[1:])]
             name = f"{label} + recompute" if remat else label
             try:
-                plans.append((name, evaluate_stages(setup, stages, Pins(), notes=(f"grid baseline {name}",), **run)))
+                plans.append((name, evaluate_stages(setup, stages, Pins(), options.num_microbatches, options.schedule,
+                                                    notes=(f"grid baseline {name}",))))
                 break
             except ValueError as err:
                 error = err
@@ -197,16 +161,24 @@ def megatron_grid(
     return min(plans, key=lambda item: item[1].predicted.step_time_s)[1]
 
 
+@with_option_signature
 def intra_op_only(
-    fn_or_graph: Callable[..., Any] | OpGraph, *args: Any, cluster: Cluster, **options: Any,
+    fn_or_graph: Callable[..., Any] | OpGraph, *args: Any, cluster: Cluster, options: SolveOptions | None = None,
+    **keywords: Any,
 ) -> Plan:
     """Alpa's "intra-op only" ablation: one stage on the whole cluster, sharding solved."""
+    options = SolveOptions.of(options, **keywords)
+    unused_options(options, ("pins", "submeshes"), "intra-op-only ablation")
     pins = Pins(num_stages=1).with_submesh(0, cluster.whole_submesh)
-    return solve(fn_or_graph, *args, cluster=cluster, pins=pins, **options)
+    return solve(fn_or_graph, *args, cluster=cluster, options=options.replace(pins=pins))
 
 
+@with_option_signature
 def inter_op_only(
-    fn_or_graph: Callable[..., Any] | OpGraph, *args: Any, cluster: Cluster, **options: Any,
+    fn_or_graph: Callable[..., Any] | OpGraph, *args: Any, cluster: Cluster, options: SolveOptions | None = None,
+    **keywords: Any,
 ) -> Plan:
     """Alpa's "inter-op only" ablation: a pipeline of single-device stages (needs layers >= devices)."""
-    return solve(fn_or_graph, *args, cluster=cluster, submeshes=[(1, 1)], **options)
+    options = SolveOptions.of(options, **keywords)
+    unused_options(options, ("submeshes",), "inter-op-only ablation")
+    return solve(fn_or_graph, *args, cluster=cluster, options=options.replace(submeshes=((1, 1),)))

@@ -8,7 +8,7 @@ import pytest
 
 import alpaviz as av
 from alpaviz.core.inter_op._stage_cost import analytic_stage_cost
-from alpaviz.core.inter_op._solve import InfeasiblePinsError, ModelTooLargeError, solve
+from alpaviz.core.inter_op import InfeasiblePinsError, ModelTooLargeError, solve
 from alpaviz.core.inter_op._stage_profile import StageProfileCache, mesh_choices
 
 
@@ -326,7 +326,7 @@ def test_a_solved_plan_runs_and_matches_a_single_device_step():
 
 
 def test_stages_sit_in_pipeline_order_and_each_cut_is_priced_on_the_link_it_crosses():
-    from alpaviz.core.inter_op._solve import prepare
+    from alpaviz.core.inter_op._prepare import prepare
 
     graph = _blocks([512] * 4, hidden=512, batch=256)
     cluster = av.Cluster.a100_node(2, 4)
@@ -337,7 +337,7 @@ def test_stages_sit_in_pipeline_order_and_each_cut_is_priced_on_the_link_it_cros
     options = dict(pins=pins, num_microbatches=4, progress=False, stage_cost=analytic_stage_cost)
     plan, same_links = solve(graph, cluster=cluster, **options), solve(graph, cluster=one_link, **options)
     assert [s.device_ids for s in plan.stages] == [(0, 1), (2, 3), (4, 5), (6, 7)]
-    profiles = prepare(graph, cluster=cluster, stage_cost=analytic_stage_cost).profiles
+    profiles = prepare(graph, cluster=cluster, options=av.SolveOptions(stage_cost=analytic_stage_cost)).profiles
     cm = plan.cost_model
     extra = lambda nbytes: cm.send_recv(nbytes, cluster.inter_host) - cm.send_recv(nbytes, cluster.intra_host)  # noqa: E731
     # Only the cut before stage 2 falls between the hosts: its activations (received by stage 2) and its
@@ -350,11 +350,11 @@ def test_stages_sit_in_pipeline_order_and_each_cut_is_priced_on_the_link_it_cros
 
 
 def test_a_cross_host_cut_pays_the_receivers_local_all_gather_when_it_replicates_the_batch():
-    from alpaviz.core.inter_op._solve import prepare
+    from alpaviz.core.inter_op._prepare import prepare
 
     graph = _blocks([512] * 4, hidden=512, batch=256)
     cluster = av.Cluster.a100_node(2, 4)
-    profiles = prepare(graph, cluster=cluster, stage_cost=analytic_stage_cost).profiles
+    profiles = prepare(graph, cluster=cluster, options=av.SolveOptions(stage_cost=analytic_stage_cost)).profiles
     cm = av.CostModel()
     plans = {}
     for logical in ((2, 1), (1, 2)):  # the batch split over the stage's 2 devices, or whole on each
@@ -393,6 +393,30 @@ def test_a_stage_layout_that_would_straddle_two_hosts_is_refused_with_the_reason
 def test_bad_solve_options_are_rejected(gpt4, options, message):
     with pytest.raises(ValueError, match=message):
         solve(gpt4, cluster=av.Cluster.a100_node(1, 2), progress=False, stage_cost=analytic_stage_cost, **options)
+
+
+def test_options_are_one_value_checked_once_and_passed_whole(gpt4):
+    """The keywords and an av.SolveOptions are the same options; a misspelt one is named, not dropped."""
+    import inspect
+
+    cluster = av.Cluster.a100_node(1, 4)
+    options = av.SolveOptions(num_microbatches=4, schedule="gpipe", progress=False, stage_cost=analytic_stage_cost)
+    by_value = solve(gpt4, cluster=cluster, options=options)
+    assert by_value == solve(gpt4, cluster=cluster, num_microbatches=4, schedule="gpipe", progress=False,
+                             stage_cost=analytic_stage_cost)
+    assert by_value.schedule.kind == "gpipe" and by_value.schedule.num_microbatches == 4
+    # Keywords change the value's fields; the pins' count wins over the option's.
+    pinned = solve(gpt4, cluster=cluster, options=options, pins=av.Pins(num_microbatches=2))
+    assert pinned.schedule.num_microbatches == 2 and pinned.schedule.kind == "gpipe"
+    with pytest.raises(TypeError, match=r"unknown solve option\(s\) \['num_microbatch'\]; the options are"):
+        solve(gpt4, cluster=cluster, num_microbatch=4)
+    with pytest.raises(TypeError, match="options must be an av.SolveOptions"):
+        solve(gpt4, cluster=cluster, options={"num_microbatches": 4})
+    assert {"num_microbatches", "pins", "cache", "tolerance"} <= set(inspect.signature(av.solve).parameters)
+    # A baseline sets its own layout: pins given to it would be ignored, so they are refused.
+    with pytest.raises(TypeError, match=r"the data-parallel baseline does not take \['pins'\]"):
+        av.baselines.data_parallel(gpt4, cluster=cluster, options=options.replace(pins=av.Pins(num_stages=2)))
+    assert av.baselines.data_parallel(gpt4, cluster=cluster, options=options).schedule == by_value.schedule
 
 
 def test_global_batch_argnums_plans_the_same_as_tracing_one_microbatch():

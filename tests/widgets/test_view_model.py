@@ -63,8 +63,9 @@ def hand_plan(graph, cuts=(2,), cluster=None, pins=av.Pins(), submeshes=None, mi
     )
 
 
-def hand_solver(graph, *, cluster, num_microbatches, schedule, pins, progress=False, cache=None):
+def hand_solver(graph, *, cluster, options):
     """A test double standing in for `av.solve`: honours pinned cuts and submeshes, else cuts in the middle."""
+    pins, num_microbatches = options.pins, options.num_microbatches
     cuts = set(pins.stage_cuts) or {graph.num_layers // 2}
     cuts -= set(pins.forbidden_cuts)
     if pins.num_stages is not None and len(cuts) + 1 != pins.num_stages:
@@ -211,7 +212,7 @@ def test_session_keeps_the_cache_it_is_given():
     cache = EmptyCache()
     graph = tiny_graph()
     seen = []
-    session = EditorSession(graph, hand_plan(graph), solver=lambda g, **kw: seen.append(kw["cache"]) or hand_plan(g),
+    session = EditorSession(graph, hand_plan(graph), solver=lambda g, **kw: seen.append(kw["options"].cache) or hand_plan(g),
                             solve_options={"cache": cache})
     assert session.resolve().ok and seen == [cache]
 

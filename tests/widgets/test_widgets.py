@@ -460,7 +460,7 @@ def test_controls_are_disabled_and_progress_is_shown_while_the_solver_works(fron
     seen = {}
 
     def watched_solver(graph, **options):
-        options["progress"]("profiling layers", 3, 7)  # the solver reports as it goes
+        options["options"].progress("profiling layers", 3, 7)  # the solver reports as it goes
         seen["disabled"] = [c.disabled for c in ed.controls()]
         seen["status"] = ed.status.value if front_end == "ipywidgets" else ed.status.object
         seen["progress"] = ((ed.progress.value, ed.progress.max) if front_end == "ipywidgets"

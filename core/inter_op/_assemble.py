@@ -1,0 +1,207 @@
+"""A Plan from a stage layout: each stage's costs and shardings from its layers' profiles, and where
+the step's time goes.
+
+`assemble_plan` turns the stage DP's answer into a Plan; `evaluate_stages`
+prices a layout given by hand (the baselines) from the same table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import operator
+import time
+from typing import Any, Sequence
+
+from alpaviz.core.inter_op._infeasible import ModelTooLargeError
+from alpaviz.core.inter_op._setup import SolveSetup
+from alpaviz.core.inter_op._stage_dp import (
+    ScheduleKind, StageChoice, StageSolution, in_flight, pipeline_latency, stage_offsets,
+)
+from alpaviz.core.inter_op._stage_profile import profiled_mesh, step_link
+from alpaviz.core.plan import (
+    InfeasiblePinsError, Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, format_bytes,
+    graph_fingerprint,
+)
+
+
+def assemble_plan(
+    setup: SolveSetup,
+    solution: StageSolution,
+    pins: Pins,
+    num_microbatches: int,
+    schedule: ScheduleKind,
+    seconds: float,
+    notes: Sequence[str],
+    exact: bool = True,
+    timings: Sequence[str] = (),
+) -> Plan:
+    """Turn a DP solution into a Plan with per-stage costs and a step-time breakdown.
+
+    The step's breakdown is `step_breakdown`'s.
+    """
+    profiles = setup.profiles
+    n = len(solution.stages)
+    stages, statuses = [], set()
+    for i, (choice, first) in enumerate(zip(solution.stages, stage_offsets(setup.table, solution.stages))):
+        stage, layer_statuses = _stage(setup, i, choice, first, in_flight(i, n, num_microbatches, schedule))
+        stages.append(stage)
+        statuses |= layer_statuses
+    predicted = step_breakdown([s.cost for s in stages], num_microbatches, solution.objective_s,
+                               setup.memory_limit_bytes)
+    if "time_limited" in statuses:
+        status = "time_limited"
+    elif not exact or statuses - {"optimal", "pinned"}:
+        status = "heuristic"
+    else:
+        status = "optimal"
+    priced = {}
+    for choice in solution.stages:
+        column = profiled_mesh(profiles, choice.mesh)
+        for l in range(choice.start, choice.stop):
+            p = profiles.profiles[l][column]
+            priced[l] = (p.compute_s, p.communication_s, p.resharding_s, p.memory.peak)
+    layers = tuple(Layer(v.index, v.nodes, v.flops, *priced.get(v.index, (0.0, 0.0, 0.0, 0.0)))
+                   for v in profiles.layers)
+    return Plan(
+        model=setup.graph.name, graph_fingerprint=graph_fingerprint(setup.graph), cluster=setup.cluster,
+        cost_model=setup.cost_model, layers=layers, stages=tuple(stages),
+        schedule=Schedule(schedule, num_microbatches), predicted=predicted, pins=pins,
+        solver=SolverInfo(status=status, seconds=seconds, objective=solution.objective_s, notes=tuple(notes),
+                          timings=tuple(timings)),
+    )
+
+
+def _stage(setup: SolveSetup, i: int, choice: StageChoice, first: int, kept_in_flight: int) -> tuple[Stage, set[str]]:
+    """Stage `i` of a DP solution: its layers' profiles summed, with its boundary transfers, its
+    recomputation and its memory with `kept_in_flight` microbatches held; and its layers' solver statuses."""
+    cluster, profiles, mesh = setup.cluster, setup.profiles, setup.table.meshes[choice.mesh]
+    profiled = profiled_mesh(profiles, choice.mesh)
+    rows = [(profiles.layers[l], profiles.profiles[l][profiled]) for l in range(choice.start, choice.stop)]
+    fwd = sum(p.forward_s for _, p in rows)
+    bwd = sum(p.backward_s for _, p in rows)
+    recv_in, recv_back = setup.table.cut_times(choice, first)
+    step_bytes = profiles.step_recv_bytes(choice.start, choice.stop)
+    step_recv = setup.cost_model.send_recv(step_bytes, step_link(cluster)) if step_bytes else 0.0
+    memory = functools.reduce(operator.add, (p.memory for _, p in rows)).with_in_flight(kept_in_flight)
+    recompute = 0.0
+    if mesh.remat:  # the forward runs again in the backward; the table holds what then stays in memory
+        recompute = fwd
+        at = (choice.start, choice.stop, choice.mesh)
+        memory = dataclasses.replace(memory, activations=float(setup.table.activation_bytes[at]),
+                                     temporaries=float(setup.table.temp_bytes[at]))
+    strategies: dict[str, str] = {}
+    specs: dict[str, Any] = {}
+    edges: list[tuple[str, str, float]] = []
+    for view, p in rows:
+        strategies.update(p.named_strategies(view))
+        edges += p.named_resharding(view)
+        for t, s in p.named_specs(view):
+            specs.setdefault(t, s)
+    stage = Stage(
+        index=i, layer_start=choice.start, layer_stop=choice.stop, submesh=mesh.submesh,
+        device_ids=tuple(range(first, first + mesh.num_devices)), logical_mesh=mesh.logical_shape,
+        remat=mesh.remat,
+        strategies=tuple(sorted(strategies.items())), partition_specs=tuple(sorted(specs.items())),
+        resharding_edges=tuple(edges),
+        cost=StageCost(
+            forward_s=fwd + recv_in, backward_s=bwd + recompute + recv_back,
+            update_s=sum(p.update_s for _, p in rows) + step_recv,
+            compute_s=sum(p.compute_s for _, p in rows) + recompute,
+            communication_s=sum(p.communication_s for _, p in rows) + recv_in + recv_back + step_recv,
+            resharding_s=sum(p.resharding_s for _, p in rows),
+            memory_bytes=memory.peak, activation_bytes=memory.activations, memory=memory,
+            recv_forward_s=recv_in, recv_backward_s=recv_back, recv_update_s=step_recv,
+            step_communication_s=sum(p.step_communication_s for _, p in rows) + step_recv,
+        ),
+    )
+    return stage, {p.status for _, p in rows}
+
+
+def step_breakdown(costs: Sequence[StageCost], num_microbatches: int, step_s: float,
+                   memory_limit_bytes: float) -> PredictedCost:
+    """Where the step's time goes, along its critical path: the slowest stage runs every microbatch.
+
+    Per-microbatch terms count `num_microbatches` times, once-per-step ones
+    (the updates, the gradient reductions) once: `compute_s` is the slowest
+    stage's computation per microbatch times the count plus the updates'
+    computation, `communication_s` likewise with its collectives and the
+    once-per-step reductions, `cross_stage_s` its boundary transfers over all
+    microbatches, and `bubble_s` the fill and drain (the other stages' times).
+    The five add up to `step_s`.
+    """
+    b = num_microbatches
+    slowest = max(costs, key=lambda c: c.microbatch_s)
+    bubble = sum(c.microbatch_s for c in costs) - slowest.microbatch_s
+    recv = slowest.recv_forward_s + slowest.recv_backward_s
+    per_mb_comm = max(slowest.communication_s - slowest.step_communication_s - recv, 0.0)
+    per_mb_compute = max(slowest.microbatch_s - recv - per_mb_comm - slowest.resharding_s, 0.0)
+    tail = max(step_s - b * slowest.microbatch_s - bubble, 0.0)  # the once-per-step work on the path
+    updates = sum(c.update_s for c in costs)
+    tail_comm = tail * min(sum(c.step_communication_s for c in costs) / updates, 1.0) if updates > 0 else 0.0
+    return PredictedCost(
+        step_time_s=step_s,
+        compute_s=b * per_mb_compute + tail - tail_comm,
+        communication_s=b * per_mb_comm + tail_comm,
+        resharding_s=b * slowest.resharding_s,
+        cross_stage_s=b * recv,
+        bubble_s=bubble,
+        max_memory_bytes=max(c.memory_bytes for c in costs),
+        memory_limit_bytes=memory_limit_bytes,
+    )
+
+
+def evaluate_stages(
+    setup: SolveSetup,
+    stages: Sequence[StageChoice],
+    pins: Pins = Pins(),
+    num_microbatches: int = 1,
+    schedule: ScheduleKind = "1f1b",
+    notes: Sequence[str] = (),
+) -> Plan:
+    """The Plan for one explicit stage layout, priced from the same table as the DP (no search).
+
+    Raises ModelTooLargeError naming the stage that does not fit.
+    """
+    started = time.perf_counter()
+    table, n = setup.table, len(stages)
+    used = sum(setup.table.meshes[s.mesh].num_devices for s in stages)
+    if used != setup.cluster.num_devices:
+        raise InfeasiblePinsError(f"the stages use {used} devices but the cluster has {setup.cluster.num_devices}")
+    times, updates = [], []
+    for i, (s, first) in enumerate(zip(stages, stage_offsets(table, stages))):
+        size = table.meshes[s.mesh].num_devices
+        if not table.placeable(first, size):
+            raise InfeasiblePinsError(
+                f"stage {i} on submesh {table.meshes[s.mesh].submesh} would start at device {first} and straddle "
+                f"two hosts of {setup.cluster.devices_per_host} devices (stages sit on the devices in pipeline "
+                f"order); reorder the stages so that the stages inside each host fill it"
+            )
+        time_s = table.stage_time(s, first)
+        if not math.isfinite(time_s):
+            raise InfeasiblePinsError(
+                f"stage {i} (layers {s.start}..{s.stop - 1}) cannot run on submesh "
+                f"{setup.table.meshes[s.mesh].submesh} as logical mesh {setup.table.meshes[s.mesh].logical_shape}: "
+                f"{_reason(setup, s)}"
+            )
+        keep = in_flight(i, n, num_microbatches, schedule)
+        need = float(table.state_bytes[s.start, s.stop, s.mesh] + keep * table.activation_bytes[s.start, s.stop, s.mesh]
+                     + (0.0 if table.temp_bytes is None else table.temp_bytes[s.start, s.stop, s.mesh]))
+        if need > setup.memory_limit_bytes:
+            raise ModelTooLargeError(
+                f"stage {i} (layers {s.start}..{s.stop - 1} on {setup.table.meshes[s.mesh].logical_shape}) needs "
+                f"{format_bytes(need)} per device with {keep} microbatches in flight, but the limit is "
+                f"{format_bytes(setup.memory_limit_bytes)} per device"
+            )
+        times.append(time_s)
+        updates.append(float(table.update_s[s.start, s.stop, s.mesh]))
+    solution = StageSolution(tuple(stages), pipeline_latency(times, updates, num_microbatches), max(times), 0, 0)
+    return assemble_plan(setup, solution, pins, num_microbatches, schedule, time.perf_counter() - started,
+                         (f"stage costs: {setup.stage_cost_name}", *notes))
+
+
+def _reason(setup: SolveSetup, stage: StageChoice) -> str:
+    profiled = profiled_mesh(setup.profiles, stage.mesh)
+    reasons = {setup.profiles.profiles[l][profiled].reason for l in range(stage.start, stage.stop)}
+    return "; ".join(sorted(r for r in reasons if r)) or "no layer profile"
