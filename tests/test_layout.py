@@ -1,11 +1,14 @@
-"""The house rules of the package: no import cycles, and each pass imports only the passes below it.
+"""The house rules of the package: no import cycles, each pass imports only the passes below it, every public name has a docstring.
 
 Every `import` of an alpaviz module counts, also one inside a function, so a
 cycle cannot hide behind a lazy import.
 """
 
 import ast
+import importlib
+import inspect
 import pathlib
+import types
 
 import networkx as nx
 import pytest
@@ -119,3 +122,38 @@ def test_the_import_graph_sees_a_planted_cycle(tmp_path, monkeypatch):
     monkeypatch.setitem(MODULES, "alpaviz.core.graph._b", b)
     cycles = list(nx.simple_cycles(_import_graph()))
     assert ["alpaviz.core.graph._a", "alpaviz.core.graph._b"] in [sorted(c) for c in cycles]
+
+
+def _undocumented(namespace) -> list[str]:
+    """Public functions and classes of `namespace`'s __all__, and public methods and properties of those classes, with no docstring."""
+    missing = []
+    for name in namespace.__all__:
+        obj = getattr(namespace, name)
+        own_doc = (vars(obj).get("__doc__") or "") if inspect.isclass(obj) else (obj.__doc__ or "")
+        generated = inspect.isclass(obj) and own_doc.startswith(f"{obj.__name__}(")  # a dataclass's signature
+        if (inspect.isclass(obj) or inspect.isfunction(obj)) and (not own_doc.strip() or generated):
+            missing.append(f"{namespace.__name__}.{name}")
+        if not inspect.isclass(obj):
+            continue
+        for attr, value in vars(obj).items():
+            func = value.fget if isinstance(value, property) else getattr(value, "__func__", value)
+            if not attr.startswith("_") and inspect.isfunction(func) and not (func.__doc__ or "").strip():
+                missing.append(f"{obj.__qualname__}.{attr}")
+    return missing
+
+
+@pytest.mark.parametrize("facade", ["alpaviz", "alpaviz.core", "alpaviz.widgets"])
+def test_every_public_name_says_why_in_a_docstring(facade):
+    namespace = importlib.import_module(facade)
+    assert _undocumented(namespace) == []
+
+
+def test_the_docstring_rule_sees_an_undocumented_method():
+    class Documented:
+        """A public class."""
+
+        def bare(self):
+            return 1
+
+    namespace = types.SimpleNamespace(__name__="planted", __all__=["Documented"], Documented=Documented)
+    assert _undocumented(namespace) == ["test_the_docstring_rule_sees_an_undocumented_method.<locals>.Documented.bare"]

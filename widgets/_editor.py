@@ -337,6 +337,7 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
         self._fill_operator_table()
 
     def on_layer_click(self, indices: list[int]) -> None:
+        """A click on a layer in a figure selects that layer in the tensor table."""
         if indices:
             self.table_layer.value = int(indices[0])
 

@@ -64,6 +64,7 @@ class WhatIf:
             raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {self.schedule!r}")
 
     def with_preset(self, preset: str, num_hosts: int) -> "WhatIf":
+        """The same what-if on `num_hosts` hosts of the named cluster preset."""
         if preset not in PRESETS:
             raise ValueError(f"unknown cluster preset {preset!r}; choose one of {sorted(PRESETS)}")
         return dataclasses.replace(self, cluster=PRESETS[preset](num_hosts))
@@ -203,6 +204,7 @@ class EditorSession:
 
     # ---- observers --------------------------------------------------------
     def on_change(self, callback: Callable[[], None]) -> None:
+        """Call `callback` after every change to the session, so a front end redraws."""
         self._listeners.append(callback)
 
     def on_activity(self, callback: Callable[[str], None]) -> None:
@@ -215,6 +217,7 @@ class EditorSession:
 
     @property
     def busy(self) -> bool:
+        """True while a solve, what-if or launch is running."""
         return bool(self.activity)
 
     @contextlib.contextmanager
@@ -248,6 +251,7 @@ class EditorSession:
         return Outcome(True, f"pinned {what}; press Re-solve to apply")
 
     def toggle_cut(self, layer: int) -> Outcome:
+        """Cycle the pin at the gap before `layer`: free, pinned cut, pinned no-cut."""
         if not 1 <= layer < len(self.plan.layers):
             return self._changed(Outcome(False, f"no gap before layer {layer}: pick 1..{len(self.plan.layers) - 1}"))
         outcome = self._edit(lambda: _edits.cycle_cut(self.pins, layer), f"the gap before layer {layer}")
@@ -257,9 +261,11 @@ class EditorSession:
         return self._changed(Outcome(True, f"gap before layer {layer}: {state}; press Re-solve to apply"))
 
     def pin_submesh(self, stage: int, choice) -> Outcome:
+        """Pin stage `stage`'s submesh to `choice`, or unpin it with None."""
         return self._changed(self._edit(lambda: _edits.pin_submesh(self.pins, stage, choice), f"stage {stage}'s submesh"))
 
     def pin_remat(self, stage: int, remat: bool | None) -> Outcome:
+        """Pin stage `stage`'s recomputation on or off, or unpin it with None."""
         return self._changed(self._edit(lambda: _edits.pin_remat(self.pins, stage, remat), f"stage {stage}'s remat"))
 
     def strategy_options(self, row, strategy_names=None) -> tuple[str, ...]:
@@ -303,13 +309,16 @@ class EditorSession:
         return labels
 
     def pin_strategy(self, node: str, strategy: str | None) -> Outcome:
+        """Pin operator `node`'s sharding strategy, or unpin it with None."""
         return self._changed(self._edit(lambda: _edits.pin_strategy(self.pins, node, strategy), f"{node}'s strategy"))
 
     def reset_pins(self) -> Outcome:
+        """Drop every pin; the next re-solve decides everything again."""
         self.pins = Pins()
         return self._changed(Outcome(True, "all pins removed; press Re-solve to apply"))
 
     def set_whatif(self, whatif: WhatIf, resolve: bool = True) -> Outcome:
+        """Plan for another cluster or options, re-solving at once unless `resolve` is False."""
         self.whatif = whatif
         return self.resolve() if resolve else self._changed(Outcome(True, "options changed"))
 
@@ -415,6 +424,7 @@ class EditorSession:
 
     # ---- timelines and launch ----------------------------------------------
     def predicted_timeline(self) -> Timeline:
+        """The current plan's predicted timeline, as the Timeline tab draws it."""
         return predicted_timeline(self.plan, self.graph)
 
     def launch(self, steps: int = 3) -> Outcome:
@@ -473,12 +483,14 @@ class EditorSession:
         return (self.measured or self.predicted_timeline()).to_chrome_trace()
 
     def save_trace(self, path: str) -> Outcome:
+        """Write the timeline (measured if launched, else predicted) as a Chrome trace to `path`."""
         with open(path, "w") as f:
             f.write(self.trace_json())
         which = "measured" if self.measured is not None else "predicted"
         return self._changed(Outcome(True, f"{which} timeline saved to {path}: open it in ui.perfetto.dev"))
 
     def save(self, path: str) -> Outcome:
+        """Write the plan, with the session's pins, as JSON to `path`."""
         with open(path, "w") as f:
             f.write(self.plan.with_pins(self.pins).to_json(indent=1))
         return self._changed(Outcome(True, f"plan saved to {path}"))

@@ -93,6 +93,7 @@ class LogicalMesh:
 
     @property
     def num_devices(self) -> int:
+        """How many physical devices this logical mesh spans."""
         return len(self.device_ids)
 
     def axis_size(self, axes: int | tuple[int, ...]) -> int:
@@ -145,6 +146,7 @@ class Cluster:
 
     @property
     def num_devices(self) -> int:
+        """All devices of the cluster: hosts times devices per host."""
         return self.num_hosts * self.devices_per_host
 
     @property

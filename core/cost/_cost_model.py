@@ -20,14 +20,21 @@ Axes = int | tuple[int, ...]
 class CostModelProtocol(Protocol):
     """What the solvers need from a cost model."""
 
-    def compute_time(self, flops: float, nbytes: float, device: DeviceSpec, dtype: str | None = None) -> float: ...
+    def compute_time(self, flops: float, nbytes: float, device: DeviceSpec, dtype: str | None = None) -> float:
+        """Seconds for `flops` of work reading `nbytes` on one device, at `dtype`'s rate."""
     def op_time(self, primitive: str, flops: float, nbytes: float, device: DeviceSpec,
-                dtype: str | None = None) -> float: ...
-    def all_reduce(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float: ...
-    def all_gather(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float: ...
-    def reduce_scatter(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float: ...
-    def all_to_all(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float: ...
-    def send_recv(self, nbytes: float, link: Link) -> float: ...
+                dtype: str | None = None) -> float:
+        """Seconds for one operator of `primitive` on one device, which may price primitives differently."""
+    def all_reduce(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float:
+        """Seconds to all-reduce `nbytes` per device over `axes` of `mesh`."""
+    def all_gather(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float:
+        """Seconds to all-gather to `nbytes` per device over `axes` of `mesh`."""
+    def reduce_scatter(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float:
+        """Seconds to reduce-scatter `nbytes` per device over `axes` of `mesh`."""
+    def all_to_all(self, nbytes: float, mesh: LogicalMesh, axes: Axes) -> float:
+        """Seconds to all-to-all `nbytes` per device over `axes` of `mesh`."""
+    def send_recv(self, nbytes: float, link: Link) -> float:
+        """Seconds to send `nbytes` from one device to another over `link`."""
 
 
 @dataclasses.dataclass(frozen=True)

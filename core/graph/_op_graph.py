@@ -60,10 +60,12 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
+        """Number of elements."""
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """Bytes on one device when unsharded: elements times the dtype's size."""
         return self.size * dtype_itemsize(self.dtype)
 
 
@@ -196,12 +198,14 @@ class OpGraph:
         return {name: tuple(users) for name, users in readers.items()}
 
     def node(self, name: str) -> OpNode:
+        """The operator called `name`; a KeyError says so if there is none."""
         try:
             return self.node_by_name[name]
         except KeyError:
             raise KeyError(f"no operator named {name!r} in graph {self.name!r}") from None
 
     def tensor(self, name: str) -> TensorInfo:
+        """The tensor called `name`; a KeyError says so if there is none."""
         try:
             return self.tensor_by_name[name]
         except KeyError:
@@ -214,25 +218,30 @@ class OpGraph:
 
     @property
     def total_flops(self) -> float:
+        """FLOPs of one step on the global batch, summed over every operator."""
         return float(sum(node.flops for node in self.nodes))
 
     def flops_by_primitive(self) -> dict[str, float]:
+        """FLOPs per JAX primitive (dot_general, conv, ...), to see where the step's work goes."""
         totals: Counter[str] = Counter()
         for node in self.nodes:
             totals[node.primitive] += node.flops
         return dict(totals)
 
     def flops_by_role(self) -> dict[str, float]:
+        """FLOPs per role (forward, backward, update), every role present even at zero."""
         totals = {role: 0.0 for role in ROLES}
         for node in self.nodes:
             totals[node.role] += node.flops
         return totals
 
     def nodes_in_layers(self, layers: Iterable[int]) -> tuple[OpNode, ...]:
+        """The operators of the given layers, in graph order: what one stage would run."""
         wanted = set(layers)
         return tuple(node for node in self.nodes if node.layer in wanted)
 
     def layer_flops(self) -> tuple[float, ...]:
+        """FLOPs per layer, indexed by layer: the balance the stage DP works from."""
         totals = [0.0] * self.num_layers
         for node in self.nodes:
             totals[node.layer] += node.flops

@@ -174,6 +174,7 @@ class StageProfileCache:
         return len(self._entries)
 
     def get(self, key: tuple) -> LayerProfile | None:
+        """The cached profile for `key`, or None; counts hits and misses for the solver's timings."""
         found = self._entries.get(key)
         if found is None:
             self.misses += 1
@@ -182,6 +183,7 @@ class StageProfileCache:
         return found
 
     def put(self, key: tuple, profile: LayerProfile) -> None:
+        """Remember `profile` under `key` for later solves of the same problem."""
         self._entries[key] = profile
 
     def __getitem__(self, key: tuple) -> LayerProfile:

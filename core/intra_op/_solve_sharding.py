@@ -48,6 +48,7 @@ class ShardingInfeasibleError(ValueError):
 
     @classmethod
     def memory(cls, need: float, message: str) -> "ShardingInfeasibleError":
+        """The error for a memory limit no strategy choice meets, carrying the least memory that would fit."""
         err = cls(message)
         err.min_memory_bytes = need
         return err

@@ -40,6 +40,7 @@ class MemoryBreakdown:
 
     @property
     def peak(self) -> float:
+        """Peak bytes per device: state, plus activations times microbatches in flight, plus temporaries."""
         return self.state + self.in_flight * self.activations + self.temporaries
 
     def __add__(self, other: "MemoryBreakdown") -> "MemoryBreakdown":
@@ -51,4 +52,5 @@ class MemoryBreakdown:
         )
 
     def with_in_flight(self, in_flight: int) -> "MemoryBreakdown":
+        """The same breakdown with `in_flight` microbatches' activations held, as a schedule holds them."""
         return dataclasses.replace(self, in_flight=in_flight)

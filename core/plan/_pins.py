@@ -100,26 +100,32 @@ class Pins:
     # ---- views -----------------------------------------------------------
     @property
     def strategy_map(self) -> Mapping[str, str]:
+        """The strategy pins as a dict, operator name to strategy name."""
         return dict(self.strategies)
 
     @property
     def spec_map(self) -> Mapping[str, Spec]:
+        """The partition-spec pins as a dict, tensor name to spec."""
         return dict(self.partition_specs)
 
     @property
     def submesh_map(self) -> Mapping[int, Shape2]:
+        """The submesh pins as a dict, stage index to submesh shape."""
         return dict(self.stage_submeshes)
 
     @property
     def logical_mesh_map(self) -> Mapping[int, Shape2]:
+        """The logical-mesh pins as a dict, stage index to logical mesh shape."""
         return dict(self.stage_logical_meshes)
 
     @property
     def remat_map(self) -> Mapping[int, bool]:
+        """The recomputation pins as a dict, stage index to on or off."""
         return dict(self.stage_remat)
 
     @property
     def is_empty(self) -> bool:
+        """True when nothing is pinned, so the solver decides everything."""
         return self == Pins()
 
     def atoms(self) -> tuple[tuple[str, "Pins"], ...]:
@@ -241,10 +247,12 @@ class Pins:
 
     # ---- JSON ------------------------------------------------------------
     def to_json(self) -> str:
+        """The pins as JSON text, read back by `Pins.from_json`."""
         return json.dumps(to_jsonable(self))
 
     @classmethod
     def from_json(cls, text: str) -> "Pins":
+        """Pins from `Pins.to_json`'s text; malformed text is refused with what is wrong."""
         return from_jsonable(cls, load_json(text, "pins"), "pins")
 
 

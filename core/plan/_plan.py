@@ -129,14 +129,17 @@ class Stage:
 
     @property
     def layers(self) -> range:
+        """The layer indices this stage runs, as a range."""
         return range(self.layer_start, self.layer_stop)
 
     @property
     def strategy_map(self) -> Mapping[str, str]:
+        """This stage's strategies as a dict, operator name to strategy name."""
         return dict(self.strategies)
 
     @property
     def spec_map(self) -> Mapping[str, Spec]:
+        """This stage's partition specs as a dict, tensor name to spec."""
         return dict(self.partition_specs)
 
 
@@ -268,6 +271,7 @@ class Plan:
     # ---- views -----------------------------------------------------------
     @property
     def num_stages(self) -> int:
+        """How many pipeline stages the plan has."""
         return len(self.stages)
 
     @property
@@ -281,12 +285,14 @@ class Plan:
         return types.MappingProxyType({n: s for stage in self.stages for n, s in stage.strategies})
 
     def stage_of_layer(self, layer: int) -> Stage:
+        """The stage that runs `layer`; a KeyError gives the plan's layer count if none does."""
         for stage in self.stages:
             if layer in stage.layers:
                 return stage
         raise KeyError(f"layer {layer} is not in the plan (it has {len(self.layers)} layers)")
 
     def stage_of_node(self, node: str) -> Stage:
+        """The stage that runs the operator `node`; a KeyError says so if no layer holds it."""
         for layer in self.layers:
             if node in layer.nodes:
                 return self.stage_of_layer(layer.index)
@@ -368,6 +374,7 @@ class Plan:
         return dataclasses.replace(self, schedule=dataclasses.replace(self.schedule, batch_statistics=how))
 
     def to_json(self, indent: int | None = None) -> str:
+        """The whole plan as JSON text, read back by `Plan.from_json`."""
         return json.dumps(to_jsonable(self), indent=indent)
 
     @classmethod

@@ -35,6 +35,7 @@ class ShardingCost:
 
     @property
     def total_s(self) -> float:
+        """Compute, communication and resharding seconds added up."""
         return self.compute_s + self.communication_s + self.resharding_s
 
 
@@ -56,14 +57,17 @@ class ShardingPlan:
 
     @property
     def strategy_map(self) -> Mapping[str, str]:
+        """The chosen strategies as a dict, operator name to strategy name."""
         return dict(self.strategies)
 
     @property
     def spec_map(self) -> Mapping[str, Spec]:
+        """The chosen partition specs as a dict, tensor name to spec."""
         return dict(self.partition_specs)
 
     @property
     def cost_breakdown(self) -> Mapping[str, float]:
+        """The cost's parts by name (compute, communication, resharding, total), for tables and views."""
         return {
             "compute_s": self.cost.compute_s,
             "communication_s": self.cost.communication_s,

@@ -99,6 +99,7 @@ class ParallelStep:
         return self.compiled.program
 
     def describe_instructions(self) -> str:
+        """Each stage's instruction list as text, one line per stage: what the runtime will run."""
         return "\n".join(
             f"stage {i}: " + "; ".join(str(ins) for ins in lst) for i, lst in enumerate(self.instructions)
         )

@@ -26,6 +26,7 @@ class TimelineEvent:
 
     @property
     def duration_s(self) -> float:
+        """How long the event lasts."""
         return self.end_s - self.start_s
 
 
@@ -43,9 +44,11 @@ class Timeline:
 
     @property
     def total_s(self) -> float:
+        """When the last event ends: the step's length on this timeline."""
         return max((e.end_s for e in self.events), default=0.0)
 
     def busy_s(self, stage: int) -> float:
+        """Seconds `stage` spends working (receives excluded), to read its idle share."""
         return sum(e.duration_s for e in self.events if e.stage == stage and e.kind != "recv")
 
     @property
