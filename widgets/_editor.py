@@ -6,6 +6,7 @@ are redrawn from a fresh view model, so no view holds state of its own.
 
 from __future__ import annotations
 
+import html
 from typing import Any, Callable
 
 import ipywidgets as W
@@ -235,7 +236,7 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
         s = self.session
         self._syncing = True
         try:
-            self.headline.value = f"<b>{vm.plan_headline(s.plan)}</b>"
+            self.headline.value = f"<b>{html.escape(vm.plan_headline(s.plan))}</b>"
             self.microbatches.value = s.whatif.num_microbatches
             self.status.value = self._message(s.ok, s.message)
             self._draw_cuts()
@@ -307,7 +308,7 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
             remat.observe(lambda change, i=band.index: None if self._syncing else self.session.pin_remat(
                 i, change["new"]), "value")
             self.remat_dropdowns[band.index] = remat
-            rows.append(W.HBox([dropdown, remat, W.HTML(band.label)]))
+            rows.append(W.HBox([dropdown, remat, W.HTML(html.escape(band.label))]))
         self.submesh_box.children = rows
 
     def _draw_graph(self) -> None:
