@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         outcomes.append(f"cut {layer}: " + ("honoured" if outcome.ok else "infeasible"))
         resolve_s.append(total)
         t0 = time.perf_counter()
-        editor.refresh()
+        editor.render()
         redraw_s.append(time.perf_counter() - t0)
     import dataclasses
 

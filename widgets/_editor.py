@@ -1,28 +1,22 @@
-"""The ipywidgets plan editor: linked views of one `EditorSession`.
+"""The ipywidgets plan editor: the shared editor view mapped onto notebook widgets.
 
-Every control calls a session action; the session notifies and all views
-are redrawn from a fresh view model, so no view holds state of its own.
+Every control hands its event to the `EditorController`; the controller calls the session and presents a
+fresh `EditorView`, which `render` writes back into the widgets. Only the tab in view is redrawn.
 """
 
 from __future__ import annotations
 
-import html
 from typing import Any, Callable
 
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from alpaviz.core import Cluster, OpGraph, Plan, trace
-from alpaviz.widgets import _figures as F
-from alpaviz.widgets import _cluster_map as cmap
-from alpaviz.widgets import _plan_compare as compare
-from alpaviz.widgets import _timeline_view as tv
+from alpaviz.widgets import _html as H
 from alpaviz.widgets import _view_model as vm
-from alpaviz.widgets._layer_view import layer_bars, operator_rows, operator_table_html
-from alpaviz.widgets._pickers import OperatorPicker
+from alpaviz.widgets._editor_controller import EditorController
+from alpaviz.widgets._editor_view import GRAPH_LEVELS, EditorView, WhatIfFields
 from alpaviz.widgets._report import ReportSection, section_html
-from alpaviz.widgets._tensor_picture import tensor_picture
-from alpaviz.widgets._session import PRESETS, EditorSession, WhatIf, WhatIfControls
+from alpaviz.widgets._session import PRESETS, WHATIF_FIELDS, EditorSession
 
 SOLVER_CHOICE, TAB_TITLES = vm.SOLVER_CHOICE, vm.TAB_TITLES
 
@@ -34,7 +28,7 @@ def _replace_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
         widget.layout = fig.layout
 
 
-class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
+class PlanEditor(W.VBox):
     """Operator graph, stage cuts, sharding, pipeline timeline and cost of a plan, with pins.
 
     Example:
@@ -44,14 +38,13 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
 
     def __init__(self, session: EditorSession, strategy_names: Callable[..., tuple[str, ...]] | None = None):
         self.session = session
-        self._strategy_names = strategy_names
-        self._syncing = False
+        self.controller = EditorController(session, strategy_names)
         self.summary = W.HTML()
         self.headline = W.HTML()
         self.status = W.HTML()
         self.progress = W.IntProgress(value=0, min=0, max=1, description="solve", layout=W.Layout(width="240px"))
         # operator graph
-        self.graph_level = W.ToggleButtons(options=[("layers", "layer"), ("operators", "op")], value="layer")
+        self.graph_level = W.ToggleButtons(options=list(GRAPH_LEVELS), value="layer")
         self.graph_layer = W.Dropdown(description="layer", options=[("all", -1)], value=-1)
         self.graph_figure = go.FigureWidget()
         self.layer_figure = go.FigureWidget()
@@ -63,6 +56,7 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
         self.cut_buttons: dict[int, W.Button] = {}
         self.submesh_box = W.VBox()
         self.submesh_dropdowns: dict[int, W.Dropdown] = {}
+        self.remat_dropdowns: dict[int, W.Dropdown] = {}
         # sharding
         self.tensor_select = W.Combobox(description="tensor", placeholder="type to search any tensor", ensure_option=True,
                                         layout=W.Layout(width="480px"))
@@ -78,6 +72,7 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
         self.diff = W.HTML()
         self.compare_button = W.Button(description="Compare", tooltip="price the Megatron grid and data parallelism")
         self.comparison = W.HTML()
+        self.plan_text = W.HTML()
         # buttons
         self.resolve_button = W.Button(description="Re-solve", button_style="primary", icon="refresh")
         self.reset_button = W.Button(description="Reset pins")
@@ -100,13 +95,12 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
                                            max=1e5, description="intra GB/s")
         self.inter_bw = W.BoundedFloatText(value=w.cluster.inter_host.bandwidth_bytes_per_s / 1e9, min=1e-3,
                                            max=1e5, description="inter GB/s")
-        self._wire()
         super().__init__(self._layout())
-        self.tabs.observe(lambda change: self._draw_tab(change["new"]), "selected_index")
-        session.on_change(self.refresh)
+        self._wire()
+        self.controller.on_view(self.render)
         session.on_activity(self._on_activity)
         session.on_progress(self._on_progress)
-        self.refresh()
+        self.render()
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
         """The live widget, and a static snapshot (`text/html`) that a notebook exported to HTML shows."""
@@ -118,15 +112,19 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
         """The header and the plan's figures as static HTML (plotly.js is expected on the page, as the
         notebook renderer puts it there)."""
         s = self.session
-        header = vm.header_html(vm.header_items(s.graph, s.plan, getattr(self, "_bubble", None)))
         section = ReportSection("plan editor (a static snapshot: run the notebook to edit)", s.graph, s.plan,
                                 s.measured)
-        return f"<div>{header}{section_html(section, first=False)}</div>"
+        return H.snapshot_html(self.controller.header_html(), section_html(section, first=False))
+
+    @property
+    def selected_operator(self) -> str | None:
+        """The operator the strategy picker is for, or None while the box holds no whole label."""
+        return self.controller.selected_operator
 
     # ---- layout and wiring --------------------------------------------------
     def _layout(self) -> list[W.Widget]:
         """The header (figures, status, actions, what-if) always on top; the views in tabs under it."""
-        section = lambda title: W.HTML(f"<b>{title}</b>")  # noqa: E731
+        section = lambda title: W.HTML(H.title_html(title))  # noqa: E731
         self.tabs = W.Tab(children=[
             W.VBox([section("Stage cuts (click a gap: pin cut / pin no-cut / free)"), self.cut_row, self.submesh_box,
                     section("Where the stages run"), self.cluster_figure]),
@@ -137,7 +135,7 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
             W.VBox([self.timeline_figure]),
             W.VBox([self.cost_figure]),
             W.VBox([section("What the last re-solve changed"), self.diff,
-                    section("Why this plan"), self.compare_button, self.comparison]),
+                    section("Why this plan"), self.compare_button, self.comparison, self.plan_text]),
         ])
         for index, title in enumerate(TAB_TITLES):
             self.tabs.set_title(index, title)
@@ -151,7 +149,7 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
         ]
 
     def _wire(self) -> None:
-        s = self.session
+        s, c = self.session, self.controller
         self.resolve_button.on_click(lambda _: self.resolve())
         self.reset_button.on_click(lambda _: s.reset_pins())
         self.compare_button.on_click(lambda _: s.compare())
@@ -160,34 +158,33 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
         self.save_button.on_click(lambda _: s.save(self.path.value))
         self.trace_button.on_click(lambda _: s.save_trace(trace_path(self.path.value)))
         self.load_button.on_click(lambda _: s.load(self.path.value))
-        self.graph_level.observe(lambda _: self._draw_graph(), "value")
-        self.graph_layer.observe(lambda _: self._draw_graph(), "value")
-        self.table_layer.observe(lambda _: self._fill_operator_table(), "value")
-        self.op_search.observe(lambda _: self._fill_operator_table(), "value")
-        self.tensor_select.observe(lambda _: self._draw_mesh(), "value")
-        self.op_select.observe(lambda _: self._fill_strategies(), "value")
-        self.strategy_select.observe(self._on_strategy, "value")
-        for control in (self.microbatches, self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw):
-            control.observe(self._on_whatif, "value")
+        self.tabs.observe(lambda change: c.select(tab=change["new"] or 0), "selected_index")
+        for name in ("graph_level", "graph_layer", "table_layer", "op_search"):
+            getattr(self, name).observe(lambda change, n=name: c.select(**{n: change["new"]}), "value")
+        self.tensor_select.observe(lambda change: c.select(tensor=change["new"]), "value")
+        self.op_select.observe(lambda change: c.choose_operator(change["new"]), "value")
+        self.strategy_select.observe(lambda change: c.pin_strategy(change["new"]), "value")
+        for name in WHATIF_FIELDS:
+            getattr(self, name).observe(self._on_whatif, "value")
 
     # ---- actions -------------------------------------------------------------
     def resolve(self) -> None:
         """Re-solve; the session reports its progress and keeps the old plan if it fails."""
-        outcome = self.session.resolve()
+        outcome = self.controller.resolve()
         self.progress.bar_style = "success" if outcome.ok else "danger"
 
     def controls(self) -> list[W.Widget]:
         """Every control that starts an action or edits a pin (disabled while the session is busy)."""
         return [self.resolve_button, self.reset_button, self.compare_button, self.search_button, self.launch_button,
-                self.save_button, self.load_button, self.trace_button, self.launch_steps, self.microbatches, self.schedule, self.preset,
-                self.hosts, self.intra_bw, self.inter_bw, self.strategy_select, *self.cut_buttons.values(),
-                *self.submesh_dropdowns.values(), *self.remat_dropdowns.values()]
+                self.save_button, self.load_button, self.trace_button, self.launch_steps, self.microbatches,
+                self.schedule, self.preset, self.hosts, self.intra_bw, self.inter_bw, self.strategy_select,
+                *self.cut_buttons.values(), *self.submesh_dropdowns.values(), *self.remat_dropdowns.values()]
 
     def _on_activity(self, what: str) -> None:
         for control in self.controls():
             control.disabled = bool(what)
         if what:
-            self.status.value = f'<span style="color:#4C78A8"><b>&#x23F3; {what}...</b></span>'
+            self.status.value = H.busy_html(what)
             self.progress.bar_style, self.progress.value, self.progress.description = "info", 0, what[:12]
         else:
             self.progress.value = self.progress.max
@@ -198,247 +195,95 @@ class PlanEditor(WhatIfControls, OperatorPicker, W.VBox):
         self.progress.description = phase[:12]
         self.progress.tooltip = f"{phase}: {done} of {total}"
 
-    def _mark(self, control: W.Widget, problem: str | None) -> None:
-        control.layout.border = "2px solid #b00020" if problem else ""
-        control.tooltip = problem or ""
-
-    def _on_cut(self, layer: int) -> None:
-        self.session.toggle_cut(layer)
-
-    def _on_submesh(self, stage: int, change: dict[str, Any]) -> None:
-        if not self._syncing:
-            self.session.pin_submesh(stage, change["new"])
-
-    def _on_strategy(self, change: dict[str, Any]) -> None:
-        if self._syncing or self.selected_operator is None:
-            return
-        value = change["new"]
-        self.session.pin_strategy(self.selected_operator, None if value == SOLVER_CHOICE else value)
-
     def _on_whatif(self, change: dict[str, Any]) -> None:
-        if not self._syncing:
-            self._apply_whatif(change["owner"] in (self.preset, self.hosts))
-
-    def _show_error(self, text: str) -> None:
-        self.status.value = self._message(False, text)
-
-    # ---- drawing -------------------------------------------------------------
-    @staticmethod
-    def _message(ok: bool, text: str) -> str:
-        import html
-
-        colour = "#2a7a2a" if ok else "#b00020"
-        style = "" if ok else ' style="color:#b00020"'
-        return f'<span style="color:{colour}"><b{style}>{html.escape(text)}</b></span>'
-
-    def refresh(self) -> None:
-        """Redraw the views from the session; the plan's figures only when the plan (or its timeline) changed."""
-        s = self.session
-        self._syncing = True
-        try:
-            self.headline.value = f"<b>{html.escape(vm.plan_headline(s.plan))}</b>"
-            self.microbatches.value = s.whatif.num_microbatches
-            self.status.value = self._message(s.ok, s.message)
-            self._draw_cuts()
-            self._draw_submeshes()
-            self._fill_sharding()
-            self.comparison.value = compare.comparison_html(compare.comparison_rows(s.comparison))
-            drawn = (s.plan, s.measured)
-            if getattr(self, "_drawn", None) != drawn:
-                self._predict()
-                self._stale = set(self._tab_drawers)  # each tab's figures are drawn when it is shown
-                self._drawn = drawn
-            self._draw_tab(self.tabs.selected_index or 0)
-            self.summary.value = vm.header_html(vm.header_items(s.graph, s.plan, getattr(self, "_bubble", None)))
-        finally:
-            self._syncing = False
-
-    @property
-    def _tab_drawers(self) -> dict[int, Callable[[], None]]:
-        """The figures behind each tab (by TAB_TITLES index), the plan's dearest views."""
-        s = self.session
-        return {
-            0: lambda: _replace_figure(self.cluster_figure, F.cluster_map_figure(cmap.cluster_map(s.graph, s.plan))),
-            1: lambda: (self._draw_layers(), self._draw_graph()),
-            3: self._draw_timeline,
-            4: lambda: _replace_figure(self.cost_figure, F.cost_figure(vm.cost_view(s.plan, s.previous))),
-            5: lambda: setattr(self.diff, "value", "" if s.previous is None
-                               else compare.plan_diff_html(compare.plan_diff(s.previous, s.plan))),
-        }
-
-    def _draw_tab(self, index: int) -> None:
-        """Draw tab `index` if the plan changed since it was last drawn (a re-solve redraws what is seen)."""
-        if index in getattr(self, "_stale", set()):
-            self._stale.discard(index)
-            self._tab_drawers[index]()
-
-    def _draw_cuts(self) -> None:
-        plan, pins = self.session.plan, self.session.pins
-        stage_of = {layer: st.index for st in plan.stages for layer in st.layers}
-        children: list[W.Widget] = []
-        self.cut_buttons = {}
-        slots = vm.cut_slots(plan, pins)
-        for layer in range(len(plan.layers)):
-            if layer:
-                slot = slots[layer - 1]
-                button = W.Button(
-                    description=slot.label, tooltip=f"gap before layer {layer}",
-                    button_style="danger" if slot.is_cut else "", icon="thumb-tack" if slot.pinned else "",
-                    layout=W.Layout(width="auto"),
-                )
-                button.on_click(lambda _, l=layer: self._on_cut(l))
-                self.cut_buttons[layer] = button
-                children.append(button)
-            children.append(W.HTML(
-                f'<div style="background:{F.stage_colour(stage_of.get(layer, 0))};color:white;padding:4px 8px;'
-                f'border-radius:3px">L{layer}</div>'))
-        self.cut_row.children = children
-
-    def _draw_submeshes(self) -> None:
-        rows, self.submesh_dropdowns, self.remat_dropdowns = [], {}, {}
-        for band in vm.stage_bands(self.session.plan, self.session.pins):
-            options = [(SOLVER_CHOICE, None)] + [(vm.submesh_option_label(*o), o) for o in band.submesh_options]
-            pinned = (band.pinned_submesh, self.session.pins.logical_mesh_map.get(band.index))
-            value = pinned if pinned in [o for _, o in options] else None
-            dropdown = W.Dropdown(options=options, value=value, description=f"stage {band.index}")
-            dropdown.observe(lambda change, i=band.index: self._on_submesh(i, change), "value")
-            self.submesh_dropdowns[band.index] = dropdown
-            remat = W.Dropdown(options=list(vm.REMAT_CHOICES.items()), value=band.pinned_remat,
-                               layout=W.Layout(width="170px"))
-            remat.observe(lambda change, i=band.index: None if self._syncing else self.session.pin_remat(
-                i, change["new"]), "value")
-            self.remat_dropdowns[band.index] = remat
-            rows.append(W.HBox([dropdown, remat, W.HTML(html.escape(band.label))]))
-        self.submesh_box.children = rows
-
-    def _draw_graph(self) -> None:
-        s = self.session
-        options = [("all", -1)] + [(f"L{i}", i) for i in range(s.graph.num_layers)]
-        if list(self.graph_layer.options) != options:
-            self.graph_layer.options = options
-        if self.graph_level.value == "layer":
-            view = vm.layer_graph_view(s.graph, s.plan)
-        else:
-            layer = self.graph_layer.value
-            view = vm.op_graph_view(s.graph, s.plan, None if layer in (-1, None) else [layer])
-        _replace_figure(self.graph_figure, F.graph_figure(view))
-        self._graph_view = view
-        self.graph_figure.data[1].on_click(lambda _trace, points, _sel: self.on_graph_click(points.point_inds))
-
-    def _draw_layers(self) -> None:
-        s = self.session
-        _replace_figure(self.layer_figure, F.layer_bars_figure(layer_bars(s.graph, s.plan)))
-        for bars in self.layer_figure.data[:3]:  # the stacked bars: a click lists that layer's operators
-            bars.on_click(lambda tr, points, _sel: self.on_layer_click(points.point_inds))
-        options = [(f"L{i}", i) for i in range(len(s.plan.layers))]
-        if list(self.table_layer.options) != options:
-            keep = self.table_layer.value
-            self.table_layer.options = options
-            self.table_layer.value = keep if keep in dict(options).values() else 0
-        self._fill_operator_table()
+        fields = WhatIfFields(*(getattr(self, name).value for name in WHATIF_FIELDS))
+        self.controller.apply_whatif(fields, change["owner"] in (self.preset, self.hosts))
 
     def on_layer_click(self, indices: list[int]) -> None:
-        """A click on a layer in a figure selects that layer in the tensor table."""
-        if indices:
-            self.table_layer.value = int(indices[0])
-
-    def _fill_operator_table(self) -> None:
-        s = self.session
-        layer = self.table_layer.value if self.table_layer.value is not None else 0
-        if layer < len(s.plan.layers):
-            self.op_table.value = operator_table_html(operator_rows(s.graph, s.plan, layer, self.op_search.value))
+        """A click on a layer in a figure selects that layer in the operator table."""
+        self.controller.click_layer(indices)
 
     def on_graph_click(self, indices: list[int]) -> None:
         """Clicking a layer node expands it to its operators; clicking an operator selects it."""
-        if not indices:
-            return
-        node = self._graph_view.nodes[indices[0]]
-        if self._graph_view.level == "layer":
-            self.graph_layer.value = int(node.key.removeprefix("layer"))
-            self.graph_level.value = "op"
-        elif node.key in self._strategies:
-            self.select_operator(node.key)
+        self.controller.click_graph(indices)
 
-    def _fill_sharding(self) -> None:
-        s = self.session
-        self._rows = {f"stage {r.stage}: {r.tensor}": r for r in vm.sharding_rows(s.graph, s.plan, s.pins)}
-        keep = self.tensor_select.value
-        self.tensor_select.options = list(self._rows)
-        self.tensor_select.value = keep if keep in self._rows else self._first_tensor_key()
-        self._draw_mesh()
-        self._strategies = {r.node: r for r in vm.strategy_rows(s.graph, s.plan, s.pins)}
-        self._offer_operators(s.graph, list(self._strategies.values()))
-        self._fill_strategies()
+    # ---- the view, mapped onto the widgets -------------------------------------------
+    def render(self) -> None:
+        """Write the controller's view into the widgets, and draw the stale parts of the tab in view."""
+        view = self.controller.view()
+        with self.controller.rendering():
+            self.headline.value = H.headline_html(view.headline)
+            self.summary.value = self.controller.header_html()
+            self.status.value = self.controller.status_html()
+            self._render_whatif(view)
+            self._render_cuts(view)
+            self._render_stages(view)
+            _set_choices(self.graph_layer, [("all" if i < 0 else f"L{i}", i) for i in view.graph_layers],
+                         view.selection.graph_layer)
+            _set_choices(self.table_layer, [(f"L{i}", i) for i in view.table_layers], view.selection.table_layer)
+            self.graph_level.value = view.selection.graph_level
+            self.op_search.value = view.selection.op_search
+            _set_choices(self.tensor_select, list(view.tensor_keys), view.tensor)
+            _set_choices(self.op_select, list(view.operator_labels), view.operator_label)
+            _set_choices(self.strategy_select, list(view.strategy_choices), view.strategy)
+            self.tabs.selected_index = view.selection.tab
+            self._draw(self.controller.due(view.selection.tab))
+
+    def _render_whatif(self, view: EditorView) -> None:
+        problems = view.problem_of
+        for name in WHATIF_FIELDS:
+            control = getattr(self, name)
+            control.value = getattr(view.whatif, name)
+            control.layout.border = f"2px solid {H.ERROR_COLOUR}" if name in problems else ""
+            control.tooltip = problems.get(name, "")
+
+    def _render_cuts(self, view: EditorView) -> None:
+        children: list[W.Widget] = [W.HTML(H.layer_chip_html(0, view.chips[0].stage, view.chips[0].colour))]
+        self.cut_buttons = {}
+        for cut, chip in zip(view.cuts, view.chips[1:]):
+            button = W.Button(description=cut.label, tooltip=cut.tooltip, button_style="danger" if cut.is_cut else "",
+                              icon="thumb-tack" if cut.pinned else "", layout=W.Layout(width="auto"))
+            button.on_click(lambda _, layer=cut.layer: self.controller.toggle_cut(layer))
+            self.cut_buttons[cut.layer] = button
+            children += [button, W.HTML(H.layer_chip_html(chip.layer, chip.stage, chip.colour))]
+        self.cut_row.children = children
+
+    def _render_stages(self, view: EditorView) -> None:
+        rows, self.submesh_dropdowns, self.remat_dropdowns = [], {}, {}
+        for row in view.stages:
+            submesh = W.Dropdown(options=row.submesh_labels, value=row.submesh, description=f"stage {row.index}")
+            submesh.observe(lambda change, i=row.index: self.controller.pin_submesh(i, change["new"]), "value")
+            remat = W.Dropdown(options=row.remat_labels, value=row.remat, layout=W.Layout(width="170px"))
+            remat.observe(lambda change, i=row.index: self.controller.pin_remat(i, change["new"]), "value")
+            self.submesh_dropdowns[row.index], self.remat_dropdowns[row.index] = submesh, remat
+            rows.append(W.HBox([submesh, remat, W.HTML(H.stage_text_html(row.text))]))
+        self.submesh_box.children = rows
+
+    def _draw(self, parts: dict[str, Any]) -> None:
+        figures = {"cluster": self.cluster_figure, "layers": self.layer_figure, "graph": self.graph_figure,
+                   "tensor": self.tensor_figure, "timeline": self.timeline_figure, "cost": self.cost_figure}
+        html_panes = {"op_table": self.op_table, "mesh": self.mesh_picture, "diff": self.diff,
+                      "comparison": self.comparison, "text": self.plan_text}
+        for name, part in parts.items():
+            if name in html_panes:
+                html_panes[name].value = part
+            elif part is not None:
+                _replace_figure(figures[name], part)
+        if "layers" in parts:  # the stacked bars: a click lists that layer's operators
+            for bars in self.layer_figure.data[:3]:
+                bars.on_click(lambda _trace, points, _sel: self.on_layer_click(points.point_inds))
+        if "graph" in parts:
+            self.graph_figure.data[1].on_click(lambda _trace, points, _sel: self.on_graph_click(points.point_inds))
 
 
-    def _first_tensor_key(self) -> str:
-        first = vm.first_tensor(list(self._rows.values()))
-        return "" if first is None else f"stage {first.stage}: {first.tensor}"
-
-    def _draw_mesh(self) -> None:
-        row = self._rows.get(self.tensor_select.value) if hasattr(self, "_rows") else None
-        picture = None if row is None else tensor_picture(row)
-        if picture is not None and getattr(self, "_pictured", None) != picture:
-            _replace_figure(self.tensor_figure, F.tensor_figure(picture))
-            self._pictured = picture
-        self.mesh_picture.value = F.mesh_html(row) if row is not None and row.blocks else "<i>no sharding</i>"
-
-    def _fill_strategies(self) -> None:
-        row = self._strategies.get(self.selected_operator) if hasattr(self, "_strategies") else None
-        syncing, self._syncing = self._syncing, True
-        try:
-            if row is None:
-                self.strategy_select.options, self.strategy_select.value = [SOLVER_CHOICE], SOLVER_CHOICE
-                return
-            self.strategy_select.options = self.session.strategy_choices(row, self._strategy_names)
-            self.strategy_select.value = row.pinned or SOLVER_CHOICE
-        finally:
-            self._syncing = syncing
-
-    def _predict(self) -> None:
-        """The plan's simulated timeline: the header's bubble, and the Timeline tab."""
-        try:
-            self._predicted = self.session.predicted_timeline()
-        except Exception:  # a simulator failure must not hide the rest of the editor
-            self._predicted = None
-        self._bubble = None if self._predicted is None else self._predicted.bubble_fraction
-
-    def _draw_timeline(self) -> None:
-        s = self.session
-        panels = tv.timeline_panels(s.plan, self._predicted, s.measured, s.measured_prediction)
-        _replace_figure(self.timeline_figure, F.gantt_figure(*panels))
+def _set_choices(control: W.Widget, options: list, value: Any) -> None:
+    """Give a choice widget its options (only when they changed: that resets it) and its value."""
+    if list(control.options) != options:
+        control.options = options
+    control.value = value
 
 
 def trace_path(plan_path: str) -> str:
     """Where the editor saves the timeline: the plan file's name with .trace.json."""
     stem = plan_path[:-5] if plan_path.endswith(".json") else plan_path
     return stem + ".trace.json"
-
-
-def editor(fn_or_plan: Callable[..., Any] | Plan, *args: Any, cluster=None, graph: OpGraph | None = None,
-           solver=None, **solve_options: Any) -> PlanEditor:
-    """Open the visual plan editor on a training step (solved here) or on an existing plan.
-
-    Example:
-        >>> ed = av.editor(train_step, params, batch, cluster=av.Cluster.a100_node(1), num_microbatches=4)
-        >>> ed = av.editor(plan, graph=graph)
-    """
-    step_fn = None
-    if isinstance(fn_or_plan, Plan):
-        plan = fn_or_plan
-        if graph is None:
-            if not args:
-                raise ValueError("av.editor(plan) needs the graph: pass graph=... or the training step and its "
-                                 "arguments, av.editor(plan, train_step, params, batch)")
-            step_fn, args = args[0], args[1:]
-            graph = trace(step_fn, *args)
-    else:
-        plan, step_fn = None, fn_or_plan
-        graph = graph or trace(fn_or_plan, *args)
-    whatif = None
-    if plan is None:
-        whatif = WhatIf(solve_options.pop("num_microbatches", 4), solve_options.pop("schedule", "1f1b"),
-                        cluster or Cluster.a100_node(1))
-    session = EditorSession(graph, plan, whatif=whatif, solver=solver, solve_options=solve_options,
-                            step_fn=step_fn, example_args=args)
-    return PlanEditor(session)

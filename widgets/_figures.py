@@ -8,7 +8,7 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from alpaviz.widgets._view_model import MEMORY_PARTS, CostView, GraphView, ShardingRow, byte_unit, node_size
+from alpaviz.widgets._view_model import MEMORY_PARTS, CostView, GraphView, byte_unit, node_size
 from alpaviz.widgets._cluster_map import ClusterMap
 from alpaviz.widgets._layer_view import LayerBar
 from alpaviz.widgets._tensor_picture import TensorPicture
@@ -138,28 +138,6 @@ def cost_figure(cost: CostView) -> go.Figure:
     fig.update_layout(barmode="stack", margin=dict(l=40, r=10, t=70, b=30), showlegend=True,
                       legend=dict(orientation="h", y=-0.25))
     return fig
-
-
-def mesh_html(row: ShardingRow) -> str:
-    """A grid of the logical mesh; each cell names the device and the block it holds.
-
-    Devices holding the same block share a colour, as in `jax.debug.visualize_array_sharding`.
-    """
-    colours: dict[tuple, str] = {}
-    cells: dict[tuple[int, int], str] = {}
-    for block in row.blocks:
-        colour = colours.setdefault(block.slices, PALETTE[len(colours) % len(PALETTE)])
-        cells[block.coord] = (
-            f'<td style="background:{colour};color:white;padding:4px 8px;border:1px solid white;'
-            f'font-family:monospace;font-size:11px">{html.escape(block.label)}</td>'
-        )
-    rows = "".join(
-        "<tr>" + "".join(cells.get((i, j), "<td></td>") for j in range(row.mesh_shape[1])) + "</tr>"
-        for i in range(row.mesh_shape[0])
-    )
-    caption = (f"{html.escape(row.tensor)} {row.shape} as {row.name} = {html.escape(row.partition_spec)} on mesh "
-               f"{row.mesh_shape[0]}x{row.mesh_shape[1]}: block {row.shard_shape}")
-    return f'<div><div style="font-size:12px">{caption}</div><table style="border-collapse:collapse">{rows}</table></div>'
 
 
 def layer_bars_figure(bars: Sequence[LayerBar]) -> go.Figure:

@@ -4,7 +4,6 @@ table: what the Graph tab shows instead of a force-drawn hairball of thousands o
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
 
 from alpaviz.core import OpGraph, Plan
 from alpaviz.widgets._view_model import format_seconds, operator_time, user_scope
@@ -104,13 +103,3 @@ def operator_rows(graph: OpGraph, plan: Plan, layer: int, search: str = "") -> t
     return tuple(sorted(rows, key=lambda r: -r.time_s))
 
 
-def operator_table_html(rows: Sequence[OperatorRow], limit: int = 200) -> str:
-    """The table as HTML (the `limit` costliest rows, and how many more there are)."""
-    import html
-
-    if not rows:
-        return "<i>no operator matches</i>"
-    head = "".join(f"<th>{c}</th>" for c in OPERATOR_COLUMNS)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r.cells) + "</tr>" for r in rows[:limit])
-    more = f"<div><i>{len(rows) - limit} more: narrow the search</i></div>" if len(rows) > limit else ""
-    return (f'<table style="border-collapse:collapse;font-size:12px"><tr>{head}</tr>{body}</table>{more}')

@@ -55,18 +55,6 @@ def plan_diff(before: Plan, after: Plan) -> tuple[PlanChange, ...]:
     return tuple(changes)
 
 
-def plan_diff_html(changes: Sequence[PlanChange]) -> str:
-    """The diff as a small table (or a sentence when nothing changed)."""
-    import html
-
-    if not changes:
-        return "<i>the re-solve kept the same plan</i>"
-    rows = "".join(f"<tr><td>{html.escape(c.what)}</td><td>{html.escape(c.before)}</td>"
-                   f"<td>{html.escape(c.after)}</td></tr>" for c in changes)
-    return ("<table style='border-collapse:collapse'><tr><th align=left>changed</th><th align=left>before</th>"
-            f"<th align=left>after</th></tr>{rows}</table>")
-
-
 # ---- why this plan: the alternatives side by side -------------------------------
 @dataclasses.dataclass(frozen=True)
 class ComparisonRow:
@@ -92,30 +80,6 @@ def comparison_rows(entries: Sequence[tuple[str, Plan | str]]) -> tuple[Comparis
         stages = "; ".join(_stage_text(s) for s in plan.stages)
         rows.append(ComparisonRow(name, p.step_time_s, parts, p.max_memory_bytes, stages))
     return tuple(rows)
-
-
-def comparison_html(rows: Sequence[ComparisonRow]) -> str:
-    """A table: step time and its parts in ms, peak memory, the ratio to the fastest, the stages."""
-    import html
-
-    if not rows:
-        return ("<i>press Compare to price the solver's best with one stage fewer and one more, the Megatron grid "
-                "and data parallelism beside this plan</i>")
-    best = min((r.step_s for r in rows if r.step_s is not None), default=None)
-    names = [n for n, _ in next((r.parts for r in rows if r.parts), ())]
-    head = "".join(f"<th>{html.escape(n)} ms</th>" for n in names)
-    body = ""
-    for r in rows:
-        if r.step_s is None:
-            body += (f"<tr><td>{html.escape(r.name)}</td><td colspan={len(names) + 4}>"
-                     f"{html.escape(r.reason)}</td></tr>")
-            continue
-        cells = "".join(f"<td>{v * 1e3:.4g}</td>" for _, v in r.parts)
-        body += (f"<tr><td>{html.escape(r.name)}</td><td>{r.step_s * 1e3:.4g}</td><td>{r.step_s / best:.3f}</td>"
-                 f"{cells}<td>{html.escape(format_bytes(r.peak_memory_bytes))}</td>"
-                 f"<td>{html.escape(r.stages)}</td></tr>")
-    return ("<table style='border-collapse:collapse'><tr><th>plan</th><th>step ms</th><th>vs fastest</th>"
-            f"{head}<th>peak memory</th><th>stages</th></tr>{body}</table>")
 
 
 def _schedule_text(schedule: Schedule) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import html
 from typing import Sequence
 
 import plotly.graph_objects as go
@@ -11,6 +10,7 @@ import plotly.io as pio
 
 from alpaviz.core import OpGraph, Plan, Timeline, predicted_timeline
 from alpaviz.widgets import _figures as F
+from alpaviz.widgets import _html as H
 from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _timeline_view as tv
 from alpaviz.widgets import _view_model as vm
@@ -33,20 +33,6 @@ def _figure_div(fig: go.Figure, first: bool) -> str:
     return pio.to_html(fig, full_html=False, include_plotlyjs="inline" if first else False)
 
 
-def _comparison_table(rows: Sequence[tuple[str, float]]) -> str:
-    if not rows:
-        return ""
-    best = min(seconds for _, seconds in rows)
-    body = "".join(
-        f"<tr><td>{html.escape(name)}</td><td>{seconds * 1e3:.3f}</td><td>{seconds / best:.2f}x</td></tr>"
-        for name, seconds in rows
-    )
-    return (
-        "<table class='cmp'><tr><th>plan</th><th>predicted step (ms)</th><th>vs best</th></tr>"
-        f"{body}</table>"
-    )
-
-
 def section_html(section: ReportSection, first: bool) -> str:
     """The plan summary, comparison, layer graph, pipeline timeline and cost figures of one plan."""
     plan, graph = section.plan, section.graph
@@ -58,29 +44,12 @@ def section_html(section: ReportSection, first: bool) -> str:
         F.cost_figure(vm.cost_view(plan)),
     ]
     divs = [_figure_div(fig, first and i == 0) for i, fig in enumerate(figures)]
-    return (
-        f"<section><h2>{html.escape(section.title)}</h2>"
-        f"<p>{html.escape(section.text)}</p>"
-        f"<pre>{html.escape(plan.summary())}</pre>"
-        f"{_comparison_table(section.comparison)}"
-        + "".join(divs)
-        + "</section>"
-    )
+    return H.report_section_html(section.title, section.text, plan.summary(), section.comparison, divs)
 
 
 def report_html(sections: Sequence[ReportSection], title: str = "alpaviz plan report") -> str:
     """A whole page; plotly.js is embedded once, so the file opens without a network."""
-    body = "".join(section_html(s, first=i == 0) for i, s in enumerate(sections))
-    style = (
-        "body{font-family:system-ui,sans-serif;margin:24px;max-width:1200px}"
-        "pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}"
-        "table.cmp{border-collapse:collapse;margin:8px 0}"
-        "table.cmp td,table.cmp th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
-    )
-    return (
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{style}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>"
-    )
+    return H.report_page_html(title, "".join(section_html(s, first=i == 0) for i, s in enumerate(sections)))
 
 
 def write_report(path: str, sections: Sequence[ReportSection], title: str = "alpaviz plan report") -> str:

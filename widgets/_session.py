@@ -118,34 +118,6 @@ def whatif_from_controls(current: WhatIf, cluster_changed: bool, microbatches: i
     return w, problems
 
 
-class WhatIfControls:
-    """The what-if handler both front ends share (they name their controls alike).
-
-    A host class has `session`, `_syncing`, the controls named in `WHATIF_FIELDS`, `_show_error(text)` and
-    `_mark(control, problem)` (problem None clears the mark).
-    """
-
-    def _apply_whatif(self, cluster_changed: bool) -> None:
-        current = self.session.whatif
-        w, problems = whatif_from_controls(current, cluster_changed, self.microbatches.value, self.schedule.value,
-                                           self.preset.value, self.hosts.value, self.intra_bw.value,
-                                           self.inter_bw.value)
-        for field in WHATIF_FIELDS:
-            self._mark(getattr(self, field), problems.get(field))
-        if cluster_changed:  # a new preset brings its own link figures: show them
-            self._syncing = True
-            try:
-                self.intra_bw.value = w.cluster.intra_host.bandwidth_bytes_per_s / 1e9
-                self.inter_bw.value = w.cluster.inter_host.bandwidth_bytes_per_s / 1e9
-            finally:
-                self._syncing = False
-        if w != current:
-            self.session.set_whatif(w)
-        if problems:
-            self._show_error("; ".join(f"{field}: {text}" for field, text in problems.items())
-                             + " (the other fields still apply)")
-
-
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """What one action did: ok or not, and the sentence the UI shows."""

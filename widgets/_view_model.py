@@ -501,15 +501,3 @@ def header_items(graph: OpGraph, plan: Plan, bubble: float | None = None) -> tup
     )
 
 
-def header_html(items: Sequence[HeaderItem]) -> str:
-    """The header as a row of cards."""
-    import html
-
-    cards = "".join(
-        f'<div style="border:1px solid #ddd;border-radius:6px;padding:6px 12px;min-width:130px">'
-        f'<div style="color:#666;font-size:11px">{html.escape(i.label)}</div>'
-        f'<div style="font-size:20px;font-weight:600">{html.escape(i.value)}</div>'
-        f'<div style="color:#666;font-size:11px">{html.escape(i.detail)}</div></div>'
-        for i in items
-    )
-    return f'<div style="display:flex;flex-wrap:wrap;gap:8px">{cards}</div>'

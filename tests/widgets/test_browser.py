@@ -123,8 +123,21 @@ def test_pin_a_cut_in_the_browser_and_resolve(app_url):
         after = _cuts(headline.inner_text())
         page.wait_for_timeout(1000)  # let plotly finish drawing for the screenshot
         page.screenshot(path=str(ARTIFACTS / "browser_editor.png"), full_page=True)
+        _tab(page, "Why this plan")
+        shown = page.locator("pre.alpaviz-plan-text").text_content()
     assert (gap in after) == (state == "pinned cut") and (gap in before) != (gap in after), (
         f"pinned {state} before layer {gap}; cuts before {sorted(before)}, after {sorted(after)}")
+    # the notebook editor, given the same clicks on the same model, presents the same view
+    from alpaviz.widgets import PlanEditor
+    from alpaviz.widgets._app_server import default_session
+    from alpaviz.widgets._editor_view import view_text
+
+    ed = PlanEditor(default_session(4))
+    for _ in range(clicks):
+        ed.cut_buttons[gap].click()
+    ed.resolve_button.click()
+    for section in ("headline", "cuts", "stages", "whatif", "selection", "diff"):  # the ones without seconds
+        assert view_text(ed.controller.view(), (section,)) in shown, (section, shown)
 
 
 def test_every_tab_draws_its_view_and_the_header_stays_above_the_fold(app_url):
@@ -190,7 +203,7 @@ def test_pin_a_submesh_and_a_strategy_run_a_whatif_and_launch_and_each_changes_t
         page.get_by_text(re.compile(r"^re-solved in")).wait_for(timeout=60_000)
         assert strategy.evaluate("e => e.options[0].text") == f"(solver's choice: {chosen})"  # the plan has it
         _tab(page, "Why this plan")
-        page.get_by_text("operator strategies").wait_for(timeout=10_000)
+        page.get_by_role("cell", name="operator strategies").wait_for(timeout=10_000)
         # a what-if: twice the microbatches re-solves at once
         microbatches = page.get_by_label("microbatches")
         count = int(microbatches.input_value())

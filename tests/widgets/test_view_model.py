@@ -10,6 +10,7 @@ from alpaviz.core import Layer, PredictedCost, Schedule, SolverInfo, Stage, Stag
 from alpaviz.core.plan._spec import shard_shape
 from alpaviz.core.runtime._timeline import Timeline, TimelineEvent
 from alpaviz.widgets import _edits
+from alpaviz.widgets import _html as markup
 from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _timeline_view as tv
@@ -288,8 +289,8 @@ def test_plan_diff_names_what_a_resolve_changed():
     assert changes["stage 0"].before.startswith("layers 0-1") and changes["stage 0"].after.startswith("layers 0-0")
     change = 100 * (new.predicted.step_time_s / old.predicted.step_time_s - 1)
     assert f"{change:+.1f}%" in changes["step time"].after
-    assert compare.plan_diff(old, old) == () and "same plan" in compare.plan_diff_html(())
-    assert "<td>cuts before layers</td>" in compare.plan_diff_html(compare.plan_diff(old, new))
+    assert compare.plan_diff(old, old) == () and "same plan" in markup.plan_diff_html(())
+    assert "<td>cuts before layers</td>" in markup.plan_diff_html(compare.plan_diff(old, new))
 
 
 def test_the_timeline_shades_each_stages_idle_time_and_writes_the_bubble_share():
@@ -344,7 +345,7 @@ def test_the_header_gives_step_time_throughput_bubble_memory_and_solver():
     assert items["solver"].value == plan.solver.status
     fill = {i.label: i for i in vm.header_items(graph, plan)}["bubble"]
     assert fill.value == f"{p.bubble_s / step:.0%}" and "fill and drain" in fill.detail
-    assert vm.header_html(vm.header_items(graph, plan)).count("<div style=\"border") == 5
+    assert markup.header_html(vm.header_items(graph, plan)).count("<div style=\"border") == 5
     assert "batch statistics" not in items["step time"].detail
     ghost = {i.label: i for i in vm.header_items(graph, plan.with_batch_statistics("per_microbatch"))}
     assert ghost["step time"].detail.endswith("batch statistics per microbatch")  # the opt-in is shown

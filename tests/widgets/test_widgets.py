@@ -7,6 +7,7 @@ import alpaviz as av
 from alpaviz.widgets import PlanEditor
 from alpaviz.widgets._editor import SOLVER_CHOICE
 from alpaviz.widgets._session import EditorSession
+from alpaviz.widgets._view_model import TAB_TITLES
 
 
 def _editor(cuts=(2,), solver=hand_solver, strategy_names=None):
@@ -65,18 +66,18 @@ def test_second_and_third_click_cycle_no_cut_then_free():
 def test_submesh_dropdown_pins_and_infeasible_pin_is_explained():
     ed = _editor()
     dropdown = ed.submesh_dropdowns[0]
-    dropdown.value = ((1, 4), (4, 1))
+    dropdown.value = "1x4 as 4x1"
     assert ed.session.pins.submesh_map == {0: (1, 4)}
     good = ed.session.plan
     ed.resolve_button.click()  # the second stage takes the other 4 devices
-    ed.submesh_dropdowns[1].value = ((1, 8), (8, 1))  # 4 + 8 devices do not fit the 8 there are
+    ed.submesh_dropdowns[1].value = "1x8 as 8x1"  # 4 + 8 devices do not fit the 8 there are
     ed.resolve_button.click()
     assert "infeasible" in ed.status.value and "#b00020" in ed.status.value
     assert ed.progress.bar_style == "danger"
     assert ed.session.plan.stages[0].submesh == (1, 4)  # the first re-solve's plan is still shown
     assert ed.session.plan is not good
     ed.reset_button.click()
-    assert ed.session.pins.is_empty and ed.submesh_dropdowns[0].value is None
+    assert ed.session.pins.is_empty and ed.submesh_dropdowns[0].value == SOLVER_CHOICE
 
 
 def _strategy_names(graph, node, mesh):
@@ -95,7 +96,7 @@ def test_strategy_dropdown_pins_a_strategy_and_tensor_picker_draws_the_mesh():
     ed.strategy_select.value = SOLVER_CHOICE
     assert ed.session.pins.strategy_map == {}
     ed.tensor_select.value = "stage 0: params.wte"
-    assert "params.wte" in ed.mesh_picture.value and "dev 3 [48:64, 0:32]" in ed.mesh_picture.value
+    assert "params.wte" in _show(ed, "Sharding").mesh_picture.value and "dev 3 [48:64, 0:32]" in ed.mesh_picture.value
 
 
 def test_each_strategy_is_offered_with_its_cost_and_the_solvers_choice_is_named():
@@ -103,7 +104,7 @@ def test_each_strategy_is_offered_with_its_cost_and_the_solvers_choice_is_named(
 
     ed = _editor()
     s = ed.session
-    row = ed._strategies[ed.selected_operator]
+    row = ed.controller.rows.strategies[ed.selected_operator]
     labels = list(ed.strategy_select.options)
     assert labels[0] == (f"(solver's choice: {row.strategy})", SOLVER_CHOICE)
     stage = s.plan.stages[row.stage]
@@ -127,7 +128,7 @@ def test_the_operator_to_pin_is_found_by_typing_where_it_comes_from_in_the_users
     session = EditorSession(graph, hand_plan(graph), solver=hand_solver)
     ed = PlanEditor(session) if front_end == "ipywidgets" else PanelEditor(session)
     labels = list(ed.op_select.options)
-    assert len(labels) == len(ed._strategies) > 50  # every operator with a strategy, by a label
+    assert len(labels) == len(ed.controller.rows.strategies) > 50  # every operator with a strategy, by a label
     target = next(n for n in graph.nodes if n.primitive == "dot_general" and n.role == "backward" and n.layer == 2)
     scope = user_scope(target)
     assert scope and "jvp" not in scope and "(" in scope  # plain functions: the function and line that made it
@@ -157,7 +158,7 @@ def test_clicking_a_layer_node_expands_it_and_an_operator_selects_it():
     ed.on_graph_click([2])  # what the node trace's on_click hands over: the clicked point indices
     assert ed.graph_level.value == "op" and ed.graph_layer.value == 2
     keys = list(ed.graph_figure.data[1].customdata)
-    dot = next(i for i, k in enumerate(keys) if k in ed._strategies)
+    dot = next(i for i, k in enumerate(keys) if k in ed.controller.rows.strategies)
     ed.on_graph_click([dot])
     assert ed.selected_operator == keys[dot] and f"{keys[dot]} (stage " in ed.op_select.value
 
@@ -297,21 +298,21 @@ def test_remat_dropdown_pins_recomputation_and_the_solver_honours_it(solved_edit
     ed.cut_buttons[2].click()  # two stages
     ed.resolve_button.click()
     assert not ed.session.plan.stages[0].remat  # recomputing only costs time when memory is ample
-    ed.remat_dropdowns[0].value = True
+    ed.remat_dropdowns[0].value = "recompute forward"
     assert ed.session.pins.remat_map == {0: True}
     ed.resolve_button.click()
     assert ed.session.ok, ed.session.message
     first, second = ed.session.plan.stages[:2]
     assert first.remat and not second.remat
     assert "recomputed" in ed.submesh_box.children[0].children[2].value
-    assert ed.remat_dropdowns[0].value is True  # the redrawn control shows the pin
+    assert ed.remat_dropdowns[0].value == "recompute forward"  # the redrawn control shows the pin
 
 
 def test_compare_prices_the_grid_and_data_parallelism_beside_the_plan(solved_editor):
     ed = solved_editor
     ed.reset_button.click()
     ed.resolve_button.click()
-    assert "press Compare" in ed.comparison.value
+    assert "press Compare" in _show(ed, "Why this plan").comparison.value
     ed.compare_button.click()
     entries = dict(ed.session.comparison)
     counts = ed.session.runner_up_stage_counts()
@@ -341,7 +342,7 @@ def test_real_solver_infeasible_pin_keeps_the_plan(solved_editor):
     shown = ed.session.plan
     assert shown.num_stages >= 2 and 1 in shown.stage_cuts
     for stage in (0, 1):  # two stages on a full 8-device host each: more devices than the cluster has
-        ed.submesh_dropdowns[stage].value = ((1, 8), (8, 1))
+        ed.submesh_dropdowns[stage].value = "1x8 as 8x1"
     ed.resolve_button.click()
     assert not ed.session.ok and "infeasible" in ed.status.value, ed.session.message
     assert ed.session.plan is shown
@@ -384,6 +385,7 @@ def test_panel_editor_pins_a_strategy_and_expands_a_layer():
     choice = list(app.strategy_select.options.values())[1]
     app.strategy_select.value = choice
     assert app.session.pins.strategy_map == {node: choice}
+    app.tabs.active = TAB_TITLES.index("Graph")  # its figures draw when it is shown
     app.graph_level.value = "op"
     app.graph_layer.value = 3
     assert {graph.node(k).layer for k in app.graph_pane.object.data[1].customdata} == {3}
@@ -539,6 +541,8 @@ def test_panel_layer_bars_click_and_operator_search():
 
     graph = tiny_graph()
     app = PanelEditor(EditorSession(graph, hand_plan(graph), solver=hand_solver))
+    assert app.layer_pane.object is None  # drawn when its tab is shown
+    app.tabs.active = 1
     assert app.layer_pane.object is not None
     app._on_layer_click(types.SimpleNamespace(new={"points": [{"customdata": 2, "x": "L2"}]}))
     assert app.table_layer.value == 2
