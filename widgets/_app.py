@@ -118,19 +118,13 @@ class PanelEditor:
         )
 
     def _wire(self) -> None:
-        s, c = self.session, self.controller
-        self.resolve_button.on_click(lambda _: self.resolve())
-        self.reset_button.on_click(lambda _: s.reset_pins())
-        self.compare_button.on_click(lambda _: s.compare())
-        self.search_button.on_click(lambda _: s.search_microbatches())
-        self.launch_button.on_click(lambda _: s.launch(self.launch_steps.value))
+        c = self.controller
+        for name, act in c.button_handlers(self.resolve, lambda: self.launch_steps.value).items():
+            getattr(self, name).on_click(lambda _, act=act: act())
+        for name, handle in c.value_handlers().items():
+            getattr(self, name).param.watch(lambda event, handle=handle: handle(event.new), "value")
         self.upload.param.watch(self._on_upload, "value")
         self.tabs.param.watch(lambda e: c.select(tab=e.new), "active")
-        for name in ("graph_level", "graph_layer", "table_layer", "op_search"):
-            getattr(self, name).param.watch(lambda e, n=name: c.select(**{n: e.new}), "value")
-        self.tensor_select.param.watch(lambda e: c.select(tensor=e.new), "value")
-        self.op_select.param.watch(lambda e: c.choose_operator(e.new), "value")
-        self.strategy_select.param.watch(lambda e: c.pin_strategy(e.new), "value")
         self.layer_pane.param.watch(self._on_layer_click, "click_data")
         self.graph_pane.param.watch(self._on_graph_click, "click_data")
         for name in WHATIF_FIELDS:
@@ -191,35 +185,30 @@ class PanelEditor:
 
     # ---- the view, mapped onto the widgets -----------------------------------------
     def render(self) -> None:
-        """Write the controller's view into the widgets, and draw the stale parts of the tab in view."""
-        view = self.controller.view()
-        with self.controller.rendering():
-            self.headline.object = H.headline_html(view.headline)
-            self.summary.object = self.controller.header_html()
-            self.status.object = self.controller.status_html()
-            self._render_whatif(view)
-            self._render_cuts(view)
-            self._render_stages(view)
-            _set_choices(self.graph_layer, {"all" if i < 0 else f"L{i}": i for i in view.graph_layers},
-                         view.selection.graph_layer)
-            _set_choices(self.table_layer, {f"L{i}": i for i in view.table_layers}, view.selection.table_layer)
-            self.graph_level.value = view.selection.graph_level
-            self.op_search.value = view.selection.op_search
-            _set_choices(self.tensor_select, list(view.tensor_keys), view.tensor)
-            _set_choices(self.op_select, list(view.operator_labels), view.operator_label)
-            _set_choices(self.strategy_select, dict(view.strategy_choices), view.strategy)
-            self.tabs.active = view.selection.tab
-            self._draw(self.controller.due(view.selection.tab))
+        """Hand this app to the controller, which shows the view on it (panel pushes each change to the page)."""
+        self.controller.render(self)
 
-    def _render_whatif(self, view: EditorView) -> None:
-        problems = view.problem_of
-        for name in WHATIF_FIELDS:
-            control = getattr(self, name)
-            control.value = getattr(view.whatif, name)
-            control.styles = {"border": f"2px solid {H.ERROR_COLOUR}", "border-radius": "4px"} if name in problems else {}
-            control.description = problems.get(name)
+    def show_whatif(self, name: str, value: Any, problem: str | None) -> None:
+        """A what-if input's value; a refused one gets a red border and the problem as its description."""
+        control = getattr(self, name)
+        control.value = value
+        control.styles = {"border": f"2px solid {H.ERROR_COLOUR}", "border-radius": "4px"} if problem else {}
+        control.description = problem
 
-    def _render_cuts(self, view: EditorView) -> None:
+    def show_tab(self, index: int) -> None:
+        """panel's Tabs call the tab in view `active`."""
+        self.tabs.active = index
+
+    def show_markup(self, name: str, markup: str) -> None:
+        """A pn.pane.HTML (headline, summary or status) takes markup as its object."""
+        getattr(self, name).object = markup
+
+    def show_control(self, name: str, options: tuple | None, value: Any) -> None:
+        """A Select, AutocompleteInput, RadioButtonGroup or TextInput that shows the selection."""
+        _show_choice(getattr(self, name), options, value)
+
+    def show_cuts(self, view: EditorView) -> None:
+        """The layer chips with a button in each gap."""
         items: list[Any] = [pn.pane.HTML(H.layer_chip_html(0, view.chips[0].stage, view.chips[0].colour), margin=2)]
         for cut, chip in zip(view.cuts, view.chips[1:]):
             button = pn.widgets.Button(name=f"gap {cut.label}", description=cut.tooltip, margin=(2, 2),
@@ -229,7 +218,8 @@ class PanelEditor:
             items += [button, pn.pane.HTML(H.layer_chip_html(chip.layer, chip.stage, chip.colour), margin=2)]
         self.cut_row.objects = items
 
-    def _render_stages(self, view: EditorView) -> None:
+    def show_stages(self, view: EditorView) -> None:
+        """One row per stage: its submesh and recomputation pickers and what it holds."""
         rows = []
         for row in view.stages:
             submesh = pn.widgets.Select(name=f"stage {row.index} submesh", options=list(row.submesh_labels),
@@ -241,7 +231,8 @@ class PanelEditor:
             rows.append(pn.Row(submesh, remat, pn.pane.HTML(H.stage_text_html(row.text))))
         self.submesh_column.objects = rows
 
-    def _draw(self, parts: dict[str, Any]) -> None:
+    def draw(self, parts: dict[str, Any]) -> None:
+        """Put the freshly built parts (figures and HTML by name) into their panes."""
         panes = {"cluster": self.cluster_pane, "layers": self.layer_pane, "graph": self.graph_pane,
                  "tensor": self.tensor_pane, "timeline": self.timeline_pane, "cost": self.cost_pane,
                  "op_table": self.op_table, "mesh": self.mesh_pane, "diff": self.diff_pane,
@@ -253,8 +244,12 @@ class PanelEditor:
             self.timeline_pane.height = parts["timeline"].layout.height
 
 
-def _set_choices(control: Any, options: Any, value: Any) -> None:
-    """Give a choice widget its options (only when they changed) and its value."""
-    if control.options != options:
-        control.options = options
+def _show_choice(control: Any, options: tuple | None, value: Any) -> None:
+    """Give a control its value, and a choice control its options first (only when they changed); an
+    AutocompleteInput or a list whose labels are its values takes the labels, others a label -> value map."""
+    if options is not None:
+        plain = isinstance(control, pn.widgets.AutocompleteInput) or all(label == v for label, v in options)
+        wanted = [label for label, _ in options] if plain else dict(options)
+        if control.options != wanted:
+            control.options = wanted
     control.value = value

@@ -150,20 +150,14 @@ class PlanEditor(W.VBox):
 
     def _wire(self) -> None:
         s, c = self.session, self.controller
-        self.resolve_button.on_click(lambda _: self.resolve())
-        self.reset_button.on_click(lambda _: s.reset_pins())
-        self.compare_button.on_click(lambda _: s.compare())
-        self.search_button.on_click(lambda _: s.search_microbatches())
-        self.launch_button.on_click(lambda _: s.launch(self.launch_steps.value))
+        for name, act in c.button_handlers(self.resolve, lambda: self.launch_steps.value).items():
+            getattr(self, name).on_click(lambda _, act=act: act())
+        for name, handle in c.value_handlers().items():
+            getattr(self, name).observe(lambda change, handle=handle: handle(change["new"]), "value")
         self.save_button.on_click(lambda _: s.save(self.path.value))
         self.trace_button.on_click(lambda _: s.save_trace(trace_path(self.path.value)))
         self.load_button.on_click(lambda _: s.load(self.path.value))
         self.tabs.observe(lambda change: c.select(tab=change["new"] or 0), "selected_index")
-        for name in ("graph_level", "graph_layer", "table_layer", "op_search"):
-            getattr(self, name).observe(lambda change, n=name: c.select(**{n: change["new"]}), "value")
-        self.tensor_select.observe(lambda change: c.select(tensor=change["new"]), "value")
-        self.op_select.observe(lambda change: c.choose_operator(change["new"]), "value")
-        self.strategy_select.observe(lambda change: c.pin_strategy(change["new"]), "value")
         for name in WHATIF_FIELDS:
             getattr(self, name).observe(self._on_whatif, "value")
 
@@ -209,35 +203,30 @@ class PlanEditor(W.VBox):
 
     # ---- the view, mapped onto the widgets -------------------------------------------
     def render(self) -> None:
-        """Write the controller's view into the widgets, and draw the stale parts of the tab in view."""
-        view = self.controller.view()
-        with self.controller.rendering():
-            self.headline.value = H.headline_html(view.headline)
-            self.summary.value = self.controller.header_html()
-            self.status.value = self.controller.status_html()
-            self._render_whatif(view)
-            self._render_cuts(view)
-            self._render_stages(view)
-            _set_choices(self.graph_layer, [("all" if i < 0 else f"L{i}", i) for i in view.graph_layers],
-                         view.selection.graph_layer)
-            _set_choices(self.table_layer, [(f"L{i}", i) for i in view.table_layers], view.selection.table_layer)
-            self.graph_level.value = view.selection.graph_level
-            self.op_search.value = view.selection.op_search
-            _set_choices(self.tensor_select, list(view.tensor_keys), view.tensor)
-            _set_choices(self.op_select, list(view.operator_labels), view.operator_label)
-            _set_choices(self.strategy_select, list(view.strategy_choices), view.strategy)
-            self.tabs.selected_index = view.selection.tab
-            self._draw(self.controller.due(view.selection.tab))
+        """Let the controller show its view on these widgets and draw the stale parts of the tab in view."""
+        self.controller.render(self)
 
-    def _render_whatif(self, view: EditorView) -> None:
-        problems = view.problem_of
-        for name in WHATIF_FIELDS:
-            control = getattr(self, name)
-            control.value = getattr(view.whatif, name)
-            control.layout.border = f"2px solid {H.ERROR_COLOUR}" if name in problems else ""
-            control.tooltip = problems.get(name, "")
+    def show_markup(self, name: str, markup: str) -> None:
+        """An HTML widget (headline, summary or status) takes markup as its value."""
+        getattr(self, name).value = markup
 
-    def _render_cuts(self, view: EditorView) -> None:
+    def show_control(self, name: str, options: tuple | None, value: Any) -> None:
+        """A Dropdown, Combobox, ToggleButtons or Text box that shows the selection."""
+        _show_choice(getattr(self, name), options, value)
+
+    def show_tab(self, index: int) -> None:
+        """ipywidgets' Tab calls the tab in view `selected_index`."""
+        self.tabs.selected_index = index
+
+    def show_whatif(self, name: str, value: Any, problem: str | None) -> None:
+        """A what-if control's value, outlined red with the problem as its tooltip when it was refused."""
+        control = getattr(self, name)
+        control.value = value
+        control.layout.border = f"2px solid {H.ERROR_COLOUR}" if problem else ""
+        control.tooltip = problem or ""
+
+    def show_cuts(self, view: EditorView) -> None:
+        """The layer chips with a button in each gap."""
         children: list[W.Widget] = [W.HTML(H.layer_chip_html(0, view.chips[0].stage, view.chips[0].colour))]
         self.cut_buttons = {}
         for cut, chip in zip(view.cuts, view.chips[1:]):
@@ -248,7 +237,8 @@ class PlanEditor(W.VBox):
             children += [button, W.HTML(H.layer_chip_html(chip.layer, chip.stage, chip.colour))]
         self.cut_row.children = children
 
-    def _render_stages(self, view: EditorView) -> None:
+    def show_stages(self, view: EditorView) -> None:
+        """One row per stage: its submesh and recomputation pickers and what it holds."""
         rows, self.submesh_dropdowns, self.remat_dropdowns = [], {}, {}
         for row in view.stages:
             submesh = W.Dropdown(options=row.submesh_labels, value=row.submesh, description=f"stage {row.index}")
@@ -259,7 +249,8 @@ class PlanEditor(W.VBox):
             rows.append(W.HBox([submesh, remat, W.HTML(H.stage_text_html(row.text))]))
         self.submesh_box.children = rows
 
-    def _draw(self, parts: dict[str, Any]) -> None:
+    def draw(self, parts: dict[str, Any]) -> None:
+        """Put the freshly built parts (figures and HTML by name) into their panes."""
         figures = {"cluster": self.cluster_figure, "layers": self.layer_figure, "graph": self.graph_figure,
                    "tensor": self.tensor_figure, "timeline": self.timeline_figure, "cost": self.cost_figure}
         html_panes = {"op_table": self.op_table, "mesh": self.mesh_picture, "diff": self.diff,
@@ -276,10 +267,14 @@ class PlanEditor(W.VBox):
             self.graph_figure.data[1].on_click(lambda _trace, points, _sel: self.on_graph_click(points.point_inds))
 
 
-def _set_choices(control: W.Widget, options: list, value: Any) -> None:
-    """Give a choice widget its options (only when they changed: that resets it) and its value."""
-    if list(control.options) != options:
-        control.options = options
+def _show_choice(control: W.Widget, options: tuple | None, value: Any) -> None:
+    """Give a control its value, and a choice control its options first (only when they changed: that
+    resets it); a Combobox, or a list whose labels are its values, takes the labels alone."""
+    if options is not None:
+        plain = isinstance(control, W.Combobox) or all(label == v for label, v in options)
+        wanted = [label for label, _ in options] if plain else list(options)
+        if list(control.options) != wanted:
+            control.options = wanted
     control.value = value
 
 

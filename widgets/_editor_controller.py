@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 from alpaviz.widgets import _cluster_map as cmap
 from alpaviz.widgets import _figures as F
@@ -20,7 +20,7 @@ from alpaviz.widgets._editor_view import (ALL_LAYERS, OPERATOR_GRAPH_LIMIT, SOLV
                                           Selection, WhatIfFields, editor_view, plan_rows, submesh_pin, view_text,
                                           whatif_fields)
 from alpaviz.widgets._layer_view import layer_bars, operator_rows
-from alpaviz.widgets._session import EditorSession, Outcome, whatif_from_controls
+from alpaviz.widgets._session import WHATIF_FIELDS, EditorSession, Outcome, whatif_from_controls
 from alpaviz.widgets._tensor_picture import tensor_picture
 
 # The parts of each tab (by TAB_TITLES index) that are drawn only when the tab is shown.
@@ -28,6 +28,18 @@ TAB_PARTS = {"cluster": 0, "layers": 1, "op_table": 1, "graph": 1, "tensor": 2, 
              "cost": 4, "diff": 5, "comparison": 5, "text": 5}
 _SELECTION_PARTS = {"graph_level": ("graph",), "graph_layer": ("graph",), "table_layer": ("op_table",),
                     "op_search": ("op_table",), "tensor": ("tensor", "mesh")}
+
+
+class FrontEnd(Protocol):
+    """What a front end does with the view: the controller says what to show and when, the front end how."""
+
+    def show_markup(self, name: str, markup: str) -> None: ...
+    def show_whatif(self, name: str, value: Any, problem: str | None) -> None: ...
+    def show_cuts(self, view: EditorView) -> None: ...
+    def show_stages(self, view: EditorView) -> None: ...
+    def show_control(self, name: str, options: tuple | None, value: Any) -> None: ...
+    def show_tab(self, index: int) -> None: ...
+    def draw(self, parts: dict[str, Any]) -> None: ...
 
 
 class EditorController:
@@ -70,6 +82,23 @@ class EditorController:
             yield
         finally:
             self._rendering = held
+
+    def render(self, front: FrontEnd) -> None:
+        """Show the view on `front`, in one order for every front end, and draw the tab in view's stale parts."""
+        view = self.view()
+        with self.rendering():
+            for name, markup in (("headline", H.headline_html(view.headline)), ("summary", self.header_html()),
+                                 ("status", self.status_html())):
+                front.show_markup(name, markup)
+            problems = view.problem_of
+            for name in WHATIF_FIELDS:
+                front.show_whatif(name, getattr(view.whatif, name), problems.get(name))
+            front.show_cuts(view)
+            front.show_stages(view)
+            for name, options, value in view.controls:
+                front.show_control(name, options, value)
+            front.show_tab(view.selection.tab)
+            front.draw(self.due(view.selection.tab))
 
     def view(self) -> EditorView:
         """The current view (worked out again only after a change)."""
@@ -190,6 +219,21 @@ class EditorController:
         self._notice = None if not problems else (False, "; ".join(f"{f}: {p}" for f, p in problems.items())
                                                   + " (the other fields still apply)")
         self._changed()
+
+    def value_handlers(self) -> dict[str, Callable[[Any], None]]:
+        """What a new value in each selection control does, by the control's name in both front ends."""
+        handlers: dict[str, Callable[[Any], None]] = {
+            name: (lambda value, field=name: self.select(**{field: value}))
+            for name in ("graph_level", "graph_layer", "table_layer", "op_search")}
+        return {**handlers, "tensor_select": lambda value: self.select(tensor=value),
+                "op_select": self.choose_operator, "strategy_select": self.pin_strategy}
+
+    def button_handlers(self, resolve: Callable[[], None], launch_steps: Callable[[], int]) -> dict[str, Callable[[], Any]]:
+        """What each action button both front ends have does: `resolve` is the front end's own (it shows
+        the outcome on its progress bar), `launch_steps` reads its step-count box."""
+        s = self.session
+        return {"resolve_button": resolve, "reset_button": s.reset_pins, "compare_button": s.compare,
+                "search_button": s.search_microbatches, "launch_button": lambda: s.launch(launch_steps())}
 
     def resolve(self) -> Outcome:
         """Re-solve with the pins; the session keeps the old plan if it fails."""

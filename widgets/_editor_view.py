@@ -8,7 +8,7 @@ same view, so they cannot drift; nothing here imports a widget library.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from alpaviz.widgets import _plan_compare as compare
 from alpaviz.widgets import _view_model as vm
@@ -111,6 +111,21 @@ class EditorView:
     def problem_of(self) -> Mapping[str, str]:
         """What-if field -> what is wrong with it."""
         return dict(self.whatif_problems)
+
+    @property
+    def controls(self) -> tuple[tuple[str, tuple | None, Any], ...]:
+        """(control, options, value) for every control that shows the selection, in the names both front
+        ends give their widgets; options are (label, value) pairs, None for a free-text or toggle control."""
+        s = self.selection
+        return (
+            ("graph_level", None, s.graph_level),
+            ("op_search", None, s.op_search),
+            ("graph_layer", tuple(("all" if i < 0 else f"L{i}", i) for i in self.graph_layers), s.graph_layer),
+            ("table_layer", tuple((f"L{i}", i) for i in self.table_layers), s.table_layer),
+            ("tensor_select", tuple((key, key) for key in self.tensor_keys), self.tensor),
+            ("op_select", tuple((label, label) for label in self.operator_labels), self.operator_label),
+            ("strategy_select", self.strategy_choices, self.strategy),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
