@@ -13,9 +13,8 @@ import plotly.graph_objects as go
 
 from alpaviz.widgets import _html as H
 from alpaviz.widgets import _view_model as vm
-from alpaviz.widgets._editor_controller import EditorController
+from alpaviz.widgets._editor_controller import EditorController, trace_path_for
 from alpaviz.widgets._editor_view import GRAPH_LEVELS, EditorView, WhatIfFields
-from alpaviz.widgets._report import ReportSection, section_html
 from alpaviz.widgets._session import PRESETS, WHATIF_FIELDS, EditorSession
 
 SOLVER_CHOICE, TAB_TITLES = vm.SOLVER_CHOICE, vm.TAB_TITLES
@@ -105,16 +104,8 @@ class PlanEditor(W.VBox):
     def _repr_mimebundle_(self, **kwargs: Any) -> dict:
         """The live widget, and a static snapshot (`text/html`) that a notebook exported to HTML shows."""
         data = super()._repr_mimebundle_(**kwargs)
-        data["text/html"] = self.snapshot_html()
+        data["text/html"] = self.controller.snapshot_html()
         return data
-
-    def snapshot_html(self) -> str:
-        """The header and the plan's figures as static HTML (plotly.js is expected on the page, as the
-        notebook renderer puts it there)."""
-        s = self.session
-        section = ReportSection("plan editor (a static snapshot: run the notebook to edit)", s.graph, s.plan,
-                                s.measured)
-        return H.snapshot_html(self.controller.header_html(), section_html(section, first=False))
 
     @property
     def selected_operator(self) -> str | None:
@@ -155,7 +146,7 @@ class PlanEditor(W.VBox):
         for name, handle in c.value_handlers().items():
             getattr(self, name).observe(lambda change, handle=handle: handle(change["new"]), "value")
         self.save_button.on_click(lambda _: s.save(self.path.value))
-        self.trace_button.on_click(lambda _: s.save_trace(trace_path(self.path.value)))
+        self.trace_button.on_click(lambda _: s.save_trace(trace_path_for(self.path.value)))
         self.load_button.on_click(lambda _: s.load(self.path.value))
         self.tabs.observe(lambda change: c.select(tab=change["new"] or 0), "selected_index")
         for name in WHATIF_FIELDS:
@@ -276,9 +267,3 @@ def _show_choice(control: W.Widget, options: tuple | None, value: Any) -> None:
         if list(control.options) != wanted:
             control.options = wanted
     control.value = value
-
-
-def trace_path(plan_path: str) -> str:
-    """Where the editor saves the timeline: the plan file's name with .trace.json."""
-    stem = plan_path[:-5] if plan_path.endswith(".json") else plan_path
-    return stem + ".trace.json"

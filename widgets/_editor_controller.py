@@ -20,6 +20,7 @@ from alpaviz.widgets._editor_view import (ALL_LAYERS, OPERATOR_GRAPH_LIMIT, SOLV
                                           Selection, WhatIfFields, editor_view, plan_rows, submesh_pin, view_text,
                                           whatif_fields)
 from alpaviz.widgets._layer_view import layer_bars, operator_rows
+from alpaviz.widgets._report import ReportSection, section_html
 from alpaviz.widgets._session import WHATIF_FIELDS, EditorSession, Outcome, whatif_from_controls
 from alpaviz.widgets._tensor_picture import tensor_picture
 
@@ -133,6 +134,14 @@ class EditorController:
         parts = {name: self._build(name) for name in sorted(self._stale) if TAB_PARTS[name] == tab}
         self._stale -= set(parts)
         return parts
+
+    def snapshot_html(self) -> str:
+        """The header and the plan's figures as static HTML, for a notebook exported to HTML (plotly.js is
+        expected on the page, as the notebook renderer puts it there)."""
+        s = self.session
+        section = ReportSection("plan editor (a static snapshot: run the notebook to edit)", s.graph, s.plan,
+                                s.measured)
+        return H.snapshot_html(self.header_html(), section_html(section, first=False))
 
     def header_html(self) -> str:
         """The always-visible header's cards."""
@@ -299,3 +308,9 @@ class EditorController:
         if part == "text":
             return H.plan_text_html(view_text(view))
         return H.comparison_html(view.comparison)
+
+
+def trace_path_for(plan_path: str) -> str:
+    """Where the editor saves the timeline: the plan file's name with .trace.json."""
+    stem = plan_path[:-5] if plan_path.endswith(".json") else plan_path
+    return stem + ".trace.json"
