@@ -12,6 +12,7 @@ import io
 from typing import Any
 
 import panel as pn
+import plotly.graph_objects as go
 
 from alpaviz.widgets import _html as H
 from alpaviz.widgets import _view_model as vm
@@ -38,8 +39,8 @@ class PanelEditor:
         self.submesh_column = pn.Column()
         self.graph_level = pn.widgets.RadioButtonGroup(options=dict(GRAPH_LEVELS), value="layer")
         self.graph_layer = pn.widgets.Select(name="layer (operators view)", options={"all": -1}, value=-1, width=160)
-        self.graph_pane = pn.pane.Plotly(height=320, sizing_mode="stretch_width")
-        self.layer_pane = pn.pane.Plotly(height=320, sizing_mode="stretch_width")
+        self.graph_pane = _plot_pane(height=320, sizing_mode="stretch_width")
+        self.layer_pane = _plot_pane(height=320, sizing_mode="stretch_width")
         self.table_layer = pn.widgets.Select(name="operators of", options={"L0": 0}, value=0, width=120)
         self.op_search = pn.widgets.TextInput(name="search", placeholder="scope, name, primitive or strategy",
                                               width=320)
@@ -51,11 +52,11 @@ class PanelEditor:
         self.tensor_select = pn.widgets.AutocompleteInput(
             name="tensor (type to search any tensor)", search_strategy="includes", case_sensitive=False,
             min_characters=1, restrict=True, width=420)
-        self.tensor_pane = pn.pane.Plotly(height=340, sizing_mode="stretch_width")
+        self.tensor_pane = _plot_pane(height=340, sizing_mode="stretch_width")
         self.mesh_pane = pn.pane.HTML()
-        self.timeline_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
-        self.cost_pane = pn.pane.Plotly(height=260, sizing_mode="stretch_width")
-        self.cluster_pane = pn.pane.Plotly(sizing_mode="stretch_width")
+        self.timeline_pane = _plot_pane(height=260, sizing_mode="stretch_width")
+        self.cost_pane = _plot_pane(height=260, sizing_mode="stretch_width")
+        self.cluster_pane = _plot_pane(sizing_mode="stretch_width")
         self.diff_pane = pn.pane.HTML()
         self.compare_button = pn.widgets.Button(name="Compare")
         self.comparison_pane = pn.pane.HTML()
@@ -237,11 +238,17 @@ class PanelEditor:
                  "tensor": self.tensor_pane, "timeline": self.timeline_pane, "cost": self.cost_pane,
                  "op_table": self.op_table, "mesh": self.mesh_pane, "diff": self.diff_pane,
                  "comparison": self.comparison_pane, "text": self.plan_text}
+        if parts.get("timeline") is not None:  # the pane's size first, so plotly relayouts the old figure
+            self.timeline_pane.height = parts["timeline"].layout.height
         for name, part in parts.items():
             if part is not None:
                 panes[name].object = part
-        if parts.get("timeline") is not None:
-            self.timeline_pane.height = parts["timeline"].layout.height
+
+
+def _plot_pane(**options: Any) -> pn.pane.Plotly:
+    """A plotly pane that holds an empty figure until its tab is first shown: plotly.js must have drawn
+    into a div before the browser resizes or updates it (else "reading '_guiEditing'" under load)."""
+    return pn.pane.Plotly(go.Figure(), **options)
 
 
 def _show_choice(control: Any, options: tuple | None, value: Any) -> None:
