@@ -541,9 +541,9 @@ def test_panel_layer_bars_click_and_operator_search():
 
     graph = tiny_graph()
     app = PanelEditor(EditorSession(graph, hand_plan(graph), solver=hand_solver))
-    assert app.layer_pane.object is None  # drawn when its tab is shown
+    assert app.layer_pane.object.data == ()  # an empty figure until its tab is shown
     app.tabs.active = 1
-    assert app.layer_pane.object is not None
+    assert len(app.layer_pane.object.data) > 0  # drawn now
     app._on_layer_click(types.SimpleNamespace(new={"points": [{"customdata": 2, "x": "L2"}]}))
     assert app.table_layer.value == 2
     assert app.op_table.object.count("<tr>") == min(len(app.session.plan.layers[2].nodes), 200) + 1
