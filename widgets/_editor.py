@@ -115,7 +115,7 @@ class PlanEditor(W.VBox):
     # ---- layout and wiring --------------------------------------------------
     def _layout(self) -> list[W.Widget]:
         """The header (figures, status, actions, what-if) always on top; the views in tabs under it."""
-        section = lambda title: W.HTML(H.title_html(title))  # noqa: E731
+        section = lambda title: W.HTML(H.bold_html(title))  # noqa: E731
         self.tabs = W.Tab(children=[
             W.VBox([section("Stage cuts (click a gap: pin cut / pin no-cut / free)"), self.cut_row, self.submesh_box,
                     section("Where the stages run"), self.cluster_figure]),

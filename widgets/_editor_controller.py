@@ -88,7 +88,7 @@ class EditorController:
         """Show the view on `front`, in one order for every front end, and draw the tab in view's stale parts."""
         view = self.view()
         with self.rendering():
-            for name, markup in (("headline", H.headline_html(view.headline)), ("summary", self.header_html()),
+            for name, markup in (("headline", H.bold_html(view.headline)), ("summary", self.header_html()),
                                  ("status", self.status_html())):
                 front.show_markup(name, markup)
             problems = view.problem_of

@@ -35,21 +35,6 @@ class Selection:
 
 
 @dataclasses.dataclass(frozen=True)
-class CutButton:
-    """The gap before `layer` in the stage-cut row: a click cycles pinned cut, pinned no-cut, free."""
-
-    layer: int
-    label: str
-    is_cut: bool
-    pinned: bool
-
-    @property
-    def tooltip(self) -> str:
-        """What the button's hover says."""
-        return f"gap before layer {self.layer}"
-
-
-@dataclasses.dataclass(frozen=True)
 class LayerChip:
     """One layer in the stage-cut row, coloured by its stage."""
 
@@ -93,7 +78,7 @@ class EditorView:
     whatif: WhatIfFields
     whatif_problems: tuple[tuple[str, str], ...]  # (field of WHATIF_FIELDS, what is wrong)
     chips: tuple[LayerChip, ...]
-    cuts: tuple[CutButton, ...]
+    cuts: tuple[vm.CutSlot, ...]  # the gaps between chips: a click cycles pinned cut, pinned no-cut, free
     stages: tuple[StageRow, ...]
     tensor_keys: tuple[str, ...]
     tensor: str
@@ -171,14 +156,12 @@ def submesh_pin(session: EditorSession, stage: int, label: str) -> tuple[tuple[i
     return next((o for o in band.submesh_options if vm.submesh_option_label(*o) == label), None)
 
 
-def _layer_row(session: EditorSession) -> tuple[tuple[LayerChip, ...], tuple[CutButton, ...]]:
+def _layer_row(session: EditorSession) -> tuple[tuple[LayerChip, ...], tuple[vm.CutSlot, ...]]:
     plan = session.plan
     stage_of = {layer: st.index for st in plan.stages for layer in st.layers}
     chips = tuple(LayerChip(layer, stage_of.get(layer, 0), stage_colour(stage_of.get(layer, 0)))
                   for layer in range(len(plan.layers)))
-    cuts = tuple(CutButton(slot.layer, slot.label, slot.is_cut, slot.pinned is not None)
-                 for slot in vm.cut_slots(plan, session.pins))
-    return chips, cuts
+    return chips, vm.cut_slots(plan, session.pins)
 
 
 def editor_view(session: EditorSession, selection: Selection, rows: PlanRows, whatif: WhatIfFields,
@@ -244,7 +227,7 @@ def _diff_text(view: EditorView) -> list[str]:
     if view.diff is None:
         return ["diff: none yet (no re-solve)"]
     return ["diff:"] + ([f"  {c.what}: {c.before} -> {c.after}" for c in view.diff]
-                       or ["  the re-solve kept the same plan"])
+                       or [f"  {compare.NO_CHANGE}"])
 
 
 _TEXT = {

@@ -12,7 +12,7 @@ from typing import Sequence
 from alpaviz.core.plan import format_bytes
 from alpaviz.widgets._figures import PALETTE
 from alpaviz.widgets._layer_view import OPERATOR_COLUMNS, OperatorRow
-from alpaviz.widgets._plan_compare import ComparisonRow, PlanChange
+from alpaviz.widgets._plan_compare import NO_CHANGE, ComparisonRow, PlanChange
 from alpaviz.widgets._view_model import HeaderItem, ShardingRow
 
 ERROR_COLOUR, OK_COLOUR, BUSY_COLOUR = "#b00020", "#2a7a2a", "#4C78A8"
@@ -30,14 +30,9 @@ def busy_html(what: str) -> str:
     return f'<span style="color:{BUSY_COLOUR}"><b>&#x23F3; {html.escape(what)}...</b></span>'
 
 
-def headline_html(headline: str) -> str:
-    """The plan's one-line headline (stages, cuts, submeshes), bold."""
-    return f"<b>{html.escape(headline)}</b>"
-
-
-def title_html(title: str) -> str:
-    """A section title inside a tab."""
-    return f"<b>{html.escape(title)}</b>"
+def bold_html(text: str) -> str:
+    """The plan's one-line headline, or a section title inside a tab: bold."""
+    return f"<b>{html.escape(text)}</b>"
 
 
 def stage_text_html(text: str) -> str:
@@ -77,7 +72,7 @@ def header_html(items: Sequence[HeaderItem]) -> str:
 def plan_diff_html(changes: Sequence[PlanChange]) -> str:
     """The diff as a small table (or a sentence when nothing changed)."""
     if not changes:
-        return "<i>the re-solve kept the same plan</i>"
+        return f"<i>{NO_CHANGE}</i>"
     rows = "".join(f"<tr><td>{html.escape(c.what)}</td><td>{html.escape(c.before)}</td>"
                    f"<td>{html.escape(c.after)}</td></tr>" for c in changes)
     return ("<table style='border-collapse:collapse'><tr><th align=left>changed</th><th align=left>before</th>"
@@ -150,7 +145,6 @@ def _ranking_table(rows: Sequence[tuple[str, float]]) -> str:
         "<table class='cmp'><tr><th>plan</th><th>predicted step (ms)</th><th>vs best</th></tr>"
         f"{body}</table>"
     )
-
 
 
 def report_section_html(title: str, text: str, summary: str, ranking: Sequence[tuple[str, float]],

@@ -24,6 +24,9 @@ def _stage_text(stage) -> str:
     return text + (", recomputes" if stage.remat else "")
 
 
+NO_CHANGE = "the re-solve kept the same plan"  # what an empty diff says, as HTML and as text
+
+
 def plan_diff(before: Plan, after: Plan) -> tuple[PlanChange, ...]:
     """What a re-solve changed: step time, memory, microbatches, stages and meshes, strategies."""
     changes = []

@@ -188,6 +188,11 @@ class CutSlot:
         mark = {"cut": "pinned cut", "no_cut": "no cut"}.get(self.pinned or "", "cut" if self.is_cut else "·")
         return f"{self.layer - 1}|{self.layer} {mark}"
 
+    @property
+    def tooltip(self) -> str:
+        """What the gap's button says on hover."""
+        return f"gap before layer {self.layer}"
+
 
 @dataclasses.dataclass(frozen=True)
 class StageBand:
