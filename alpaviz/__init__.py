@@ -27,6 +27,7 @@ from alpaviz.core import mark_layer as mark_layer
 from alpaviz.core import InfeasiblePinsError as InfeasiblePinsError
 from alpaviz.core import ModelTooLargeError as ModelTooLargeError
 from alpaviz.core import ShardingInfeasibleError as ShardingInfeasibleError
+from alpaviz.core import ProfileWorkers as ProfileWorkers
 from alpaviz.core import StageProfileCache as StageProfileCache
 from alpaviz.core import StepStructureError as StepStructureError
 from alpaviz.core import cluster_layers as cluster_layers
@@ -56,7 +57,7 @@ def editor(*args, **kwargs):
 __all__ = [
     "baselines", "Cluster", "cluster_layers", "CostModel", "DeviceSpec", "editor", "InfeasiblePinsError",
     "Link", "LogicalMesh", "make_spec", "manual_plan", "mark_layer", "models", "ModelTooLargeError",
-    "next_step_args", "OpGraph", "parallelize", "Pins", "Plan", "PlanFormatError", "predicted_timeline",
+    "next_step_args", "OpGraph", "parallelize", "Pins", "Plan", "PlanFormatError", "predicted_timeline", "ProfileWorkers",
     "resolve", "shard_step", "ShardingInfeasibleError", "solve", "SolveOptions", "solve_sharding", "StageProfileCache",
     "StepStructureError", "trace",
 ]

@@ -6,7 +6,8 @@ This module only re-exports: the names other passes and users may rely on.
 from alpaviz.core.inter_op._layer_clustering import cluster_layers as cluster_layers
 from alpaviz.core.inter_op._stage_cost import StageCostFn as StageCostFn
 from alpaviz.core.inter_op._stage_cost import analytic_stage_cost as analytic_stage_cost
-from alpaviz.core.inter_op._stage_profile import StageProfileCache as StageProfileCache
+from alpaviz.core.inter_op._profile_cache import StageProfileCache as StageProfileCache
+from alpaviz.core.inter_op._profile_workers import ProfileWorkers as ProfileWorkers
 from alpaviz.core.plan import InfeasiblePinsError as InfeasiblePinsError
 from alpaviz.core.inter_op._infeasible import ModelTooLargeError as ModelTooLargeError
 from alpaviz.core.inter_op._options import SolveOptions as SolveOptions
@@ -30,6 +31,7 @@ __all__ = [
     "intra_op_only",
     "megatron_grid",
     "ModelTooLargeError",
+    "ProfileWorkers",
     "resolve",
     "solve",
     "SolveOptions",

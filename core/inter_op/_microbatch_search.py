@@ -9,6 +9,7 @@ divides the global batch and keep the fastest plan that fits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Any, Callable, Sequence
@@ -19,9 +20,10 @@ import numpy as np
 from alpaviz.core.graph import OpGraph, microbatch_args
 from alpaviz.core.inter_op._infeasible import ModelTooLargeError
 from alpaviz.core.inter_op._options import SolveOptions
+from alpaviz.core.inter_op._profile_workers import ProfileWorkers
 from alpaviz.core.inter_op._progress import Progress, ProgressFn
 from alpaviz.core.inter_op._stage_dp import NoStagePlanError
-from alpaviz.core.inter_op._stage_profile import StageProfileCache
+from alpaviz.core.inter_op._profile_cache import StageProfileCache
 from alpaviz.core.plan import InfeasiblePinsError, Plan
 
 # Beyond this a microbatch is too small to keep a device busy on any model we plan.
@@ -96,15 +98,21 @@ def _short(err: Exception) -> str:
 def search_counts(plan_for: Callable[[SolveOptions], Plan], fn_or_graph: Any, args: Sequence[Any],
                   options: SolveOptions, what: str) -> Plan:
     """`num_microbatches="auto"`: the fastest of `plan_for(options at count b)` over every count that divides
-    the global batch, all counts sharing one profile cache (a callback progress sees every count's phases)."""
+    the global batch, all counts sharing one profile cache and one pool of profiling processes (a callback
+    progress sees every count's phases)."""
     if isinstance(fn_or_graph, OpGraph):
         raise ValueError(f"the {what} with num_microbatches='auto' needs the step function and its global-batch "
                          f"arguments (with global_batch_argnums), not an OpGraph")
-    per_count = options.replace(cache=StageProfileCache() if options.cache is None else options.cache,
-                                progress=options.progress if callable(options.progress) else False)
     counts = microbatch_counts(global_batch_size(args, options.global_batch_argnums))
-    return best_over_microbatches(lambda b: plan_for(per_count.replace(num_microbatches=b)), counts, what,
-                                  options.progress)
+    with contextlib.ExitStack() as owned:
+        workers = options.workers
+        if isinstance(workers, int) and workers > 1:
+            workers = owned.enter_context(ProfileWorkers(workers))  # started once, not once per count
+        per_count = options.replace(cache=StageProfileCache() if options.cache is None else options.cache,
+                                    progress=options.progress if callable(options.progress) else False,
+                                    workers=workers)
+        return best_over_microbatches(lambda b: plan_for(per_count.replace(num_microbatches=b)), counts, what,
+                                      options.progress)
 
 
 def args_at_microbatch_size(fn_or_graph: Any, args: tuple, options: SolveOptions) -> tuple:

@@ -16,7 +16,8 @@ from alpaviz.core.graph import check_int, check_number
 from alpaviz.core.inter_op._progress import ProgressFn
 from alpaviz.core.inter_op._stage_cost import StageCostFn
 from alpaviz.core.inter_op._stage_dp import ScheduleKind
-from alpaviz.core.inter_op._stage_profile import StageProfileCache
+from alpaviz.core.inter_op._profile_cache import StageProfileCache
+from alpaviz.core.inter_op._profile_workers import ProfileWorkers
 from alpaviz.core.plan import Pins, Plan, Schedule
 
 
@@ -38,11 +39,11 @@ class SolveOptions:
     * `submeshes`: the submesh shapes stages may take (default: all the cluster allows).
     * `tolerance`: the optimality gap the stage DP may leave (0: exact).
     * `previous`: a plan of the same graph; ties break towards its stages, so a pin moves only what it must.
-    * `workers`: processes that profile layers.
+    * `workers`: processes that profile layers, or a running `ProfileWorkers` pool shared across solves.
     * `global_batch_argnums`: the arguments that hold the global batch, split into microbatches before tracing.
 
-    The cache, the progress reporter and the previous plan steer how the solve runs, not what it
-    answers, so they take no part in equality.
+    The cache, the progress reporter, the workers and the previous plan steer how the solve runs, not
+    what it answers, so they take no part in equality.
     """
 
     cost_model: CostModel = CostModel()
@@ -58,7 +59,7 @@ class SolveOptions:
     submeshes: tuple[tuple[int, int], ...] | None = None
     tolerance: float = 0.0
     previous: Plan | None = dataclasses.field(default=None, compare=False)
-    workers: int = 1
+    workers: int | ProfileWorkers = dataclasses.field(default=1, compare=False)
     global_batch_argnums: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -77,7 +78,10 @@ class SolveOptions:
             check_number("memory_limit (bytes per device)", self.memory_limit, positive=True)
         if self.num_layers is not None:
             check_int("num_layers", self.num_layers, minimum=1)
-        check_int("workers", self.workers, minimum=1)
+        if not isinstance(self.workers, ProfileWorkers):
+            check_int("workers", self.workers, minimum=1)
+        elif self.workers.closed:
+            raise ValueError("workers: these ProfileWorkers are closed; make a new av.ProfileWorkers(n) or pass workers=n")
         check_number("tolerance", self.tolerance, minimum=0)
         if self.submeshes is not None:
             set_("submeshes", tuple(tuple(s) if isinstance(s, (tuple, list)) else s for s in self.submeshes))

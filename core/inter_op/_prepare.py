@@ -16,7 +16,8 @@ from alpaviz.core.inter_op._progress import Progress
 from alpaviz.core.inter_op._setup import SolveSetup
 from alpaviz.core.inter_op._stage_cost import default_stage_cost
 from alpaviz.core.inter_op._stage_dp import MeshChoice
-from alpaviz.core.inter_op._stage_profile import StageProfileCache, mesh_choices, profile_layers, stage_cost_table
+from alpaviz.core.inter_op._profile_cache import StageProfileCache
+from alpaviz.core.inter_op._stage_profile import mesh_choices, profile_layers, stage_cost_table
 from alpaviz.core.plan import check_pins
 
 

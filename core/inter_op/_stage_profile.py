@@ -24,6 +24,8 @@ import numpy as np
 
 from alpaviz.core.cost import Cluster, CostModel, Link
 from alpaviz.core.graph import OpGraph, cut_bytes, state_inputs, step_transfer_bytes
+from alpaviz.core.inter_op._profile_cache import StageProfileCache
+from alpaviz.core.inter_op._profile_workers import ProfileWorkers
 from alpaviz.core.inter_op._stage_cost import StageCostFn
 from alpaviz.core.inter_op._stage_dp import MeshChoice, StageCostTable
 from alpaviz.core.plan import MemoryBreakdown, Pins, ShardingPlan, Spec
@@ -156,44 +158,6 @@ class LayerProfile:
         return tuple((view.nodes[n], view.tensors[t], sec) for n, t, sec in self.resharding_edges)
 
 
-class StageProfileCache:
-    """Layer profiles keyed by structure and mesh; pass the same object to every re-solve.
-
-    Example:
-        >>> cache = av.StageProfileCache()
-        >>> plan = av.solve(graph, cluster=cluster, cache=cache)
-        >>> plan2 = av.solve(graph, cluster=cluster, pins=plan.pins.with_cut(3), cache=cache)  # fast
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple, LayerProfile] = {}
-        self.hits = 0
-        self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def get(self, key: tuple) -> LayerProfile | None:
-        """The cached profile for `key`, or None; counts hits and misses for the solver's timings."""
-        found = self._entries.get(key)
-        if found is None:
-            self.misses += 1
-        else:
-            self.hits += 1
-        return found
-
-    def put(self, key: tuple, profile: LayerProfile) -> None:
-        """Remember `profile` under `key` for later solves of the same problem."""
-        self._entries[key] = profile
-
-    def __getitem__(self, key: tuple) -> LayerProfile:
-        """A stored profile, without counting a hit or a miss."""
-        return self._entries[key]
-
-    def __repr__(self) -> str:
-        return f"StageProfileCache({len(self)} profiles, {self.hits} hits, {self.misses} misses)"
-
-
 def _layer_pins(pins: Pins, view: LayerView) -> tuple[tuple, Pins]:
     """The intra-op pins touching `view`, positionally (for the key) and by name (for the solver)."""
     nodes = {n: i for i, n in enumerate(view.nodes)}
@@ -232,7 +196,7 @@ def profile_layers(
     cost_fn: StageCostFn,
     cache: StageProfileCache,
     on_profile: ProgressFn | None = None,
-    workers: int = 1,
+    workers: int | ProfileWorkers = 1,
     num_microbatches: int = 1,
 ) -> ProfileTable:
     """Profile each distinct (layer structure, intra-op pins) on each mesh for a step of `num_microbatches`.
@@ -241,7 +205,7 @@ def profile_layers(
     sync) against `num_microbatches` forward and backward passes, so the
     count is part of the cache key.  `workers` > 1 runs the cost function in
     that many spawned processes (worth it when there are dozens of ILPs to
-    solve, e.g. GPT-39B).
+    solve, e.g. GPT-39B); a running `ProfileWorkers` pool is worth it for a few.
     """
     views = layer_views(graph)
     fn_key = getattr(cost_fn, "cache_key", cost_fn)
@@ -259,8 +223,12 @@ def profile_layers(
                 jobs[key] = (view, layer_pins, choice)
         keys.append(row)
     items = [(view.nodes, layer_pins, choice, num_microbatches) for view, layer_pins, choice in jobs.values()]
-    if workers > 1 and len(items) >= 4 * workers:
-        results = _profile_in_processes(graph, cluster, cost_model, cost_fn, items, workers, on_profile)
+    context = (cluster, cost_model, cost_fn)
+    if isinstance(workers, ProfileWorkers) and len(items) >= _WORTH_WORKERS * workers.count:
+        results = workers.profile(graph, _profile_one, context, items, on_profile)
+    elif isinstance(workers, int) and workers > 1 and len(items) >= _WORTH_FRESH_WORKERS * workers:
+        with ProfileWorkers(workers) as fresh:
+            results = fresh.profile(graph, _profile_one, context, items, on_profile)
     else:
         results = []
         for done, item in enumerate(items, start=1):
@@ -281,6 +249,12 @@ def profile_layers(
                         batch)
 
 
+# Jobs per process below which profiling in the calling process is faster: a fresh pool pays its
+# start-up (~1.5 s a process), a running one only the graph's trip (~0.1 s at GPT-1.3B).
+_WORTH_FRESH_WORKERS = 4
+_WORTH_WORKERS = 2
+
+
 def _profile_one(graph, cluster, cost_model, cost_fn, nodes, layer_pins, choice,
                  num_microbatches) -> ShardingPlan | str:
     """One cost-function call; a ValueError (cannot run there) comes back as its message."""
@@ -289,40 +263,6 @@ def _profile_one(graph, cluster, cost_model, cost_fn, nodes, layer_pins, choice,
         return cost_fn(graph, mesh, cluster, cost_model, layer_pins, nodes=nodes, num_microbatches=num_microbatches)
     except ValueError as err:
         return str(err)
-
-
-# Per worker process: the graph and the cost function, set once by the pool's initializer.
-_WORKER_STATE: dict[str, object] = {}
-
-
-def _init_worker(graph, cluster, cost_model, cost_fn) -> None:
-    _WORKER_STATE.update(graph=graph, cluster=cluster, cost_model=cost_model, cost_fn=cost_fn)
-
-
-def _worker_job(item) -> ShardingPlan | str:
-    w = _WORKER_STATE
-    return _profile_one(w["graph"], w["cluster"], w["cost_model"], w["cost_fn"], *item)
-
-
-def _profile_in_processes(graph, cluster, cost_model, cost_fn, items, workers, on_profile) -> list:
-    """Run the jobs in spawned processes; the graph travels once per worker, without JAX objects."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    light = dataclasses.replace(
-        graph,
-        nodes=tuple(dataclasses.replace(n, jax_primitive=None, jax_params=None) for n in graph.nodes),
-        in_tree=None, out_tree=None, constants=None,
-    )
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
-                             initargs=(light, cluster, cost_model, cost_fn)) as pool:
-        results = []
-        for done, result in enumerate(pool.map(_worker_job, items, chunksize=1), start=1):
-            results.append(result)
-            if on_profile is not None:
-                on_profile(done, len(items))
-    return results
 
 
 def step_link(cluster: Cluster) -> Link:

@@ -7,7 +7,7 @@ import pytest
 import alpaviz as av
 from alpaviz.core.inter_op._stage_cost import analytic_stage_cost
 from alpaviz.core.inter_op._data_parallel import data_parallel_pins
-from alpaviz.core.inter_op._stage_profile import StageProfileCache
+from alpaviz.core.inter_op import StageProfileCache
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import pytest
 import alpaviz as av
 from alpaviz.core.inter_op._stage_cost import analytic_stage_cost
 from alpaviz.core.inter_op import InfeasiblePinsError, ModelTooLargeError, solve
-from alpaviz.core.inter_op._stage_profile import StageProfileCache, mesh_choices
+from alpaviz.core.inter_op import StageProfileCache
+from alpaviz.core.inter_op._stage_profile import mesh_choices
 
 
 def _marked_mlp(widths, batch=16, marks=True):
