@@ -185,6 +185,11 @@ class OpGraph:
         return {node.name: node for node in self.nodes}
 
     @cached_property
+    def node_position(self) -> Mapping[str, int]:
+        """Operator name -> its index in `nodes` (graph order)."""
+        return {node.name: i for i, node in enumerate(self.nodes)}
+
+    @cached_property
     def tensor_by_name(self) -> Mapping[str, TensorInfo]:
         return {tensor.name: tensor for tensor in self.tensors}
 

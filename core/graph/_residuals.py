@@ -68,4 +68,4 @@ def recompute_chain(graph: OpGraph, residuals: Collection[str], stored: Collecti
             continue
         needed.add(producer)
         stack.extend(i for i in graph.node(producer).inputs if not _free(graph, i))
-    return tuple(n.name for n in graph.nodes if n.name in needed)
+    return tuple(sorted(needed, key=graph.node_position.__getitem__))
