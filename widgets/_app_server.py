@@ -39,7 +39,7 @@ def serve(port: int = 5006, address: str = "127.0.0.1", num_layers: int = 4, sol
     """Start the panel server on `address:port` (blocking).
 
     The default model is traced and solved once here; each browser tab then
-    starts from that plan with its own session and a shared stage-profile cache.
+    starts from that plan with its own session, a shared stage-profile cache and shared profiling processes.
     """
     try:
         first = default_session(num_layers, solver)
@@ -49,10 +49,14 @@ def serve(port: int = 5006, address: str = "127.0.0.1", num_layers: int = 4, sol
         def fresh() -> EditorSession:
             raise ValueError(reason)
     else:
+        # every page shares the first session's profiling processes (started if its solve was slow), not its own
+        shared = first.workers.pool
+
         def fresh() -> EditorSession:
+            options = {"cache": first.cache} if shared is None else {"cache": first.cache, "workers": shared}
             return EditorSession(first.graph, first.plan, whatif=first.whatif, solver=first.solver,
-                                 solve_options={"cache": first.cache}, step_fn=first.step_fn,
-                                 example_args=first.example_args)
+                                 solve_options=options, step_fn=first.step_fn, example_args=first.example_args,
+                                 background_workers=0)
 
     return pn.serve(lambda: _page(fresh), port=port, address=address, show=show,
                     websocket_origin=[f"{address}:{port}", f"localhost:{port}"], title="alpaviz plan editor")

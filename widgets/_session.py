@@ -24,6 +24,7 @@ from alpaviz.core.graph import microbatch_args, split_microbatch
 from alpaviz.core.inter_op import data_parallel, megatron_grid
 from alpaviz.core.intra_op import enumerate_strategies
 from alpaviz.widgets import _edits
+from alpaviz.widgets._session_workers import SessionWorkers
 from alpaviz.widgets._view_model import SOLVER_CHOICE, format_seconds
 
 SOLVER_CHOICE_LABEL = "(solver's choice: {})"
@@ -71,11 +72,7 @@ class WhatIf:
 
     def with_hosts(self, num_hosts: int) -> "WhatIf":
         """The same kind of host, `num_hosts` of them."""
-        if num_hosts < 1:
-            raise ValueError(f"a cluster needs at least one host, got {num_hosts}")
-        c = self.cluster
-        name = f"{num_hosts}x{c.devices_per_host} {c.device.name.split('-')[0]}"
-        return dataclasses.replace(self, cluster=dataclasses.replace(c, num_hosts=num_hosts, name=name))
+        return dataclasses.replace(self, cluster=self.cluster.with_hosts(num_hosts))
 
     def with_bandwidths(self, intra_gb_s: float, inter_gb_s: float) -> "WhatIf":
         """Link bandwidths in GB/s (latencies kept)."""
@@ -129,6 +126,9 @@ class Outcome:
 class EditorSession:
     """Edits pins through `_edits`, re-solves with the solver, keeps the last good plan.
 
+    `background_workers`: processes that profile a what-if's new meshes, started in the background after
+    a solve slower than ~1 s (None: two where two cores are free; 0: none).  `close()` stops them.
+
     Example:
         >>> s = EditorSession(graph, plan, solver=av.solve)
         >>> s.toggle_cut(4); s.resolve().message
@@ -144,6 +144,7 @@ class EditorSession:
         solve_options: SolveOptions | dict[str, Any] | None = None,
         step_fn: Callable[..., Any] | None = None,
         example_args: tuple[Any, ...] = (),
+        background_workers: int | None = None,
     ) -> None:
         self.graph = graph
         self.solver = solver or solve
@@ -152,6 +153,8 @@ class EditorSession:
         # One cache for every solve of the session (an empty cache is falsy: test for None).
         self.cache = StageProfileCache() if solve_options.cache is None else solve_options.cache
         self.solve_options = solve_options.replace(cache=self.cache)
+        # processes that profile new meshes for what-ifs, started after a slow solve (see _session_workers)
+        self.workers = SessionWorkers(background_workers, self.solve_options)
         self.whatif = whatif or (WhatIf(plan.schedule.num_microbatches, plan.schedule.kind, plan.cluster)
                                  if plan else WhatIf())
         self.step_fn, self.example_args = step_fn, example_args
@@ -292,7 +295,9 @@ class EditorSession:
     def set_whatif(self, whatif: WhatIf, resolve: bool = True) -> Outcome:
         """Plan for another cluster or options, re-solving at once unless `resolve` is False."""
         self.whatif = whatif
-        return self.resolve() if resolve else self._changed(Outcome(True, "options changed"))
+        if not resolve:
+            return self._changed(Outcome(True, "options changed"))
+        return self._resolve(None, f"planning for {whatif.cluster.name}; this plan stays until the new one is ready")
 
     # ---- solving ------------------------------------------------------------
     def _show(self, plan: Plan) -> None:
@@ -307,6 +312,9 @@ class EditorSession:
 
     def resolve(self, pins: Pins | None = None) -> Outcome:
         """Re-solve keeping the pins; on failure keep the shown plan and explain."""
+        return self._resolve(pins, "re-solving")
+
+    def _resolve(self, pins: Pins | None, activity: str) -> Outcome:
         if pins is not None:
             self.pins = pins
         if self.solver is None:
@@ -315,14 +323,22 @@ class EditorSession:
                                              schedule=self.whatif.schedule, pins=self.pins, progress=self._report)
         start = time.perf_counter()
         try:
-            with self._working("re-solving"):
+            with self._working(activity):
                 plan = self.solver(self.graph, cluster=self.whatif.cluster, options=options)
         except ValueError as err:
             return self._changed(Outcome(False, f"infeasible: {err}{self._kept()}"))
         except Exception as err:  # a solver bug must not take the editor down
             return self._changed(Outcome(False, f"solve failed: {type(err).__name__}: {err}{self._kept()}"))
         self._show(plan)
-        return self._changed(Outcome(True, f"re-solved in {time.perf_counter() - start:.2f} s"))
+        seconds = time.perf_counter() - start
+        self.solve_options = self.workers.after_solve(seconds, self.solve_options)
+        outcome = self._changed(Outcome(True, f"re-solved in {seconds:.2f} s"))
+        self.workers.prefetch_neighbours(self.graph, self.whatif.cluster, options)
+        return outcome
+
+    def close(self) -> None:
+        """Stop the profiling processes the session started (they also stop when it is collected)."""
+        self.workers.close()
 
     def search_microbatches(self) -> Outcome:
         """Re-solve trying every microbatch count that divides the global batch (the example batch times the

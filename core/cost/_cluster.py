@@ -317,6 +317,13 @@ class Cluster:
         return LogicalMesh(shape=logical_shape, device_ids=device_ids, axis_links=(axis0, self.intra_host),
                            num_hosts=hosts)
 
+    def with_hosts(self, num_hosts: int) -> "Cluster":
+        """The same hosts and links, `num_hosts` of them (a what-if on the cluster's size)."""
+        if isinstance(num_hosts, bool) or not isinstance(num_hosts, int) or num_hosts < 1:
+            raise ValueError(f"a cluster needs a whole number of hosts >= 1, got {num_hosts!r}")
+        name = f"{num_hosts}x{self.devices_per_host} {self.device.name.split('-')[0]}"
+        return dataclasses.replace(self, num_hosts=num_hosts, name=name)
+
     def with_links(self, intra_host: Link | None = None, inter_host: Link | None = None) -> "Cluster":
         """A copy with other link figures, for what-if planning."""
         return dataclasses.replace(

@@ -11,6 +11,7 @@ from alpaviz.core.inter_op._profile_workers import ProfileWorkers as ProfileWork
 from alpaviz.core.plan import InfeasiblePinsError as InfeasiblePinsError
 from alpaviz.core.inter_op._infeasible import ModelTooLargeError as ModelTooLargeError
 from alpaviz.core.inter_op._options import SolveOptions as SolveOptions
+from alpaviz.core.inter_op._prepare import prefetch as prefetch
 from alpaviz.core.inter_op._solve import resolve as resolve
 from alpaviz.core.inter_op._solve import solve as solve
 from alpaviz.core.inter_op._baselines import data_parallel as data_parallel
@@ -31,6 +32,7 @@ __all__ = [
     "intra_op_only",
     "megatron_grid",
     "ModelTooLargeError",
+    "prefetch",
     "ProfileWorkers",
     "resolve",
     "solve",

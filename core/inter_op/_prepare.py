@@ -17,7 +17,8 @@ from alpaviz.core.inter_op._setup import SolveSetup
 from alpaviz.core.inter_op._stage_cost import default_stage_cost
 from alpaviz.core.inter_op._stage_dp import MeshChoice
 from alpaviz.core.inter_op._profile_cache import StageProfileCache
-from alpaviz.core.inter_op._stage_profile import mesh_choices, profile_layers, stage_cost_table
+from alpaviz.core.inter_op._profile_workers import ProfileWorkers
+from alpaviz.core.inter_op._stage_profile import mesh_choices, prefetch_profiles, profile_layers, stage_cost_table
 from alpaviz.core.plan import check_pins
 
 
@@ -64,6 +65,21 @@ def prepare(
     limit = cluster.device.memory_bytes if options.memory_limit is None else float(options.memory_limit)
     table = stage_cost_table(profiles, cluster, options.cost_model)
     return SolveSetup(graph, cluster, options.cost_model, meshes, profiles, table, limit, name)
+
+
+def prefetch(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> int:
+    """Start profiling, in the background on `options.workers` (a running `ProfileWorkers`), the layers
+    `solve(graph, cluster=cluster, options=options)` would profile, into `options.cache`; returns how many
+    runs started.  The editor asks this for the cluster a user is likely to try next."""
+    if not isinstance(options.workers, ProfileWorkers) or options.cache is None:
+        raise ValueError("prefetch needs options with a running ProfileWorkers as workers and a StageProfileCache")
+    if options.profile:
+        return 0  # measured costs need the local devices, which the main process holds
+    check_cluster_options(cluster, options)
+    graph = cluster_layers(graph, options.num_layers)
+    fn = options.stage_cost if options.stage_cost is not None else default_stage_cost()
+    return prefetch_profiles(graph, cluster, options.cost_model, options.pins, mesh_choices(cluster, options.submeshes),
+                             fn, options.cache, options.workers, options.num_microbatches)
 
 
 def check_cluster_options(cluster: Cluster, options: SolveOptions) -> None:

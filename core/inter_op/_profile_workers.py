@@ -18,20 +18,12 @@ import shutil
 import tempfile
 import threading
 import weakref
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from typing import Any, Callable, Sequence
 
 from alpaviz.core.graph import OpGraph
 
 ProgressFn = Callable[[int, int], None]
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its affinity, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 class ProfileWorkers:
@@ -52,9 +44,21 @@ class ProfileWorkers:
         import multiprocessing
 
         self.count = count
-        self._pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn"))
+        self._pool = ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_lower_priority)
+        self._pending: dict[Any, Future] = {}  # runs started and not yet finished, by cache key
+        self._lock = threading.Lock()
+        self._written: dict[int, tuple[weakref.ref, str]] = {}  # id(graph) -> (the graph, its file)
         self._folder = tempfile.mkdtemp(prefix="alpaviz-workers-")
         self._closer = weakref.finalize(self, _shut_down, self._pool, self._folder)
+
+    @staticmethod
+    def available_cores() -> int:
+        """The cores this process may run on (its affinity, not the machine's count): how many workers pay."""
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            return os.cpu_count() or 1
 
     def __enter__(self) -> "ProfileWorkers":
         return self
@@ -81,17 +85,69 @@ class ProfileWorkers:
         return futures[-1]
 
     def profile(self, graph: OpGraph, job: Callable[..., Any], context: tuple, items: Sequence[tuple],
-                on_profile: ProgressFn | None = None) -> list:
-        """`job(graph, *context, *item)` for every item, in order, run across the processes."""
-        self._check_open()
-        path = self._graph_file(graph)
+                on_profile: ProgressFn | None = None, keys: Sequence[Any] | None = None) -> list:
+        """`job(graph, *context, *item)` for every item, in order, run across the processes.
+
+        With `keys`, an item whose key was `prefetch`ed waits for that run instead of starting another.
+        Prefetched runs this call does not need and that have not started are cancelled: the solve someone
+        waits for goes first (the caller may prefetch them again afterwards).
+        """
+        futures = self._submit(graph, job, context, items, keys, remember=False)
         results = []
-        for done, result in enumerate(self._pool.map(_run, [(path, job, context, item) for item in items],
-                                                     chunksize=1), start=1):
-            results.append(result)
+        for done, future in enumerate(futures, start=1):
+            results.append(future.result())
             if on_profile is not None:
                 on_profile(done, len(items))
         return results
+
+    def prefetch(self, graph: OpGraph, job: Callable[..., Any], context: tuple, items: Sequence[tuple],
+                 keys: Sequence[Any], on_done: Callable[[Any, Any], None]) -> list[Future]:
+        """Start the items now and return at once; `on_done(key, result)` runs as each finishes (in a
+        background thread).  A later `profile` call with the same keys waits for these runs."""
+        futures = self._submit(graph, job, context, items, keys, remember=True)
+        for key, future in zip(keys, futures):
+            future.add_done_callback(lambda f, key=key: self._finished(key, f, on_done))
+        return futures
+
+    def wait_for_prefetched(self, timeout_s: float | None = None) -> None:
+        """Block until every run started by `prefetch` so far has finished."""
+        with self._lock:
+            running = list(self._pending.values())
+        wait(running, timeout=timeout_s)
+
+    def has_pending(self, keys: Any) -> bool:
+        """Whether any of `keys` is being profiled ahead of time now."""
+        with self._lock:
+            return any(key in self._pending for key in keys)
+
+    def _submit(self, graph, job, context, items, keys, remember: bool) -> list[Future]:
+        """One future per item: a pending run of the same key, or a new run (remembered if `remember`)."""
+        self._check_open()
+        path = self._graph_file(graph)
+        keys = [None] * len(items) if keys is None else list(keys)
+        if not remember:
+            wanted = set(keys)
+            with self._lock:
+                ahead = [f for k, f in self._pending.items() if k not in wanted]
+            for future in ahead:  # outside the lock: a cancel runs the done callbacks, which take it
+                future.cancel()  # False once running: those finish and land in the cache as usual
+        futures = []
+        with self._lock:
+            for key, item in zip(keys, items):
+                future = self._pending.get(key) if key is not None else None
+                if future is None:
+                    future = self._pool.submit(_run, (path, job, context, item))
+                    if remember and key is not None:
+                        self._pending[key] = future
+                futures.append(future)
+        return futures
+
+    def _finished(self, key: Any, future: Future, on_done: Callable[[Any, Any], None]) -> None:
+        if not future.cancelled() and future.exception() is None:
+            on_done(key, future.result())
+        with self._lock:
+            if self._pending.get(key) is future:
+                del self._pending[key]
 
     def _check_open(self) -> None:
         if self.closed:
@@ -99,6 +155,10 @@ class ProfileWorkers:
 
     def _graph_file(self, graph: OpGraph) -> str:
         """The file holding `graph` without its JAX objects, named by its content (written once)."""
+        with self._lock:
+            known = self._written.get(id(graph))
+        if known is not None and known[0]() is graph:
+            return known[1]
         light = dataclasses.replace(
             graph,
             nodes=tuple(dataclasses.replace(n, jax_primitive=None, jax_params=None) for n in graph.nodes),
@@ -111,6 +171,9 @@ class ProfileWorkers:
             with open(partial, "wb") as out:
                 out.write(data)
             os.replace(partial, path)
+        with self._lock:  # the same graph object again (every re-solve of a session) skips the pickling
+            self._written = {k: v for k, v in self._written.items() if v[0]() is not None}
+            self._written[id(graph)] = (weakref.ref(graph), path)
         return path
 
 
@@ -121,6 +184,14 @@ def _shut_down(pool: ProcessPoolExecutor, folder: str) -> None:
 
 def _ready() -> bool:
     return True
+
+
+def _lower_priority() -> None:
+    """Workers yield the cores to the notebook or app process (their work is often ahead of need)."""
+    try:
+        os.nice(5)
+    except OSError:
+        pass
 
 
 # In each worker process: the graph file read last and its graph (a solve sends many jobs on one graph).

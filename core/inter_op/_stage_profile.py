@@ -208,6 +208,51 @@ def profile_layers(
     solve, e.g. GPT-39B); a running `ProfileWorkers` pool is worth it for a few.
     """
     views = layer_views(graph)
+    keys, jobs = _missing_profiles(views, cluster, cost_model, pins, meshes, cost_fn, cache, num_microbatches)
+    items = [(view.nodes, layer_pins, choice, num_microbatches) for view, layer_pins, choice in jobs.values()]
+    context = (cluster, cost_model, cost_fn)
+    if isinstance(workers, ProfileWorkers) and (len(items) >= _WORTH_WORKERS * workers.count
+                                                or workers.has_pending(jobs)):
+        results = workers.profile(graph, _profile_one, context, items, on_profile, keys=list(jobs))
+    elif isinstance(workers, int) and workers > 1 and len(items) >= _WORTH_FRESH_WORKERS * workers:
+        with ProfileWorkers(workers) as fresh:
+            results = fresh.profile(graph, _profile_one, context, items, on_profile)
+    else:
+        results = []
+        for done, item in enumerate(items, start=1):
+            results.append(_profile_one(graph, cluster, cost_model, cost_fn, *item))
+            if on_profile is not None:
+                on_profile(done, len(items))
+    for (key, (view, _, _)), plan_or_error in zip(jobs.items(), results):
+        cache.put(key, _as_profile(plan_or_error, view))
+    profiles = tuple(tuple(cache[key] for key in row) for row in keys)
+    forward, backward = cut_bytes(graph)
+    state = state_inputs(graph)
+    batch = float(sum(graph.tensor(t).nbytes for t in graph.inputs
+                      if t not in state and graph.tensor(t).shape))
+    return ProfileTable(views, tuple(meshes), profiles, forward, backward, step_transfer_bytes(graph), len(jobs),
+                        batch)
+
+
+def prefetch_profiles(graph: OpGraph, cluster: Cluster, cost_model: CostModel, pins: Pins,
+                      meshes: Sequence[MeshChoice], cost_fn: StageCostFn, cache: StageProfileCache,
+                      workers: ProfileWorkers, num_microbatches: int = 1) -> int:
+    """Start profiling, on `workers` and in the background, what `profile_layers` would profile with these
+    arguments; each profile lands in `cache` as it finishes.  Returns how many runs were started."""
+    views = layer_views(graph)
+    _, jobs = _missing_profiles(views, cluster, cost_model, pins, meshes, cost_fn, cache, num_microbatches)
+    items = [(view.nodes, layer_pins, choice, num_microbatches) for view, layer_pins, choice in jobs.values()]
+
+    def store(key: tuple, plan_or_error) -> None:
+        cache.put(key, _as_profile(plan_or_error, jobs[key][0]))
+
+    workers.prefetch(graph, _profile_one, (cluster, cost_model, cost_fn), items, list(jobs), store)
+    return len(items)
+
+
+def _missing_profiles(views, cluster, cost_model, pins, meshes, cost_fn, cache, num_microbatches):
+    """Every (layer, mesh)'s cache key ([layer][mesh]), and the distinct keys the cache lacks with
+    what profiling each needs (the layer, its intra-op pins, the mesh)."""
     fn_key = getattr(cost_fn, "cache_key", cost_fn)
     jobs: dict[tuple, tuple[LayerView, Pins, MeshChoice]] = {}
     keys: list[list[tuple]] = []
@@ -222,31 +267,13 @@ def profile_layers(
             if key not in jobs and cache.get(key) is None:
                 jobs[key] = (view, layer_pins, choice)
         keys.append(row)
-    items = [(view.nodes, layer_pins, choice, num_microbatches) for view, layer_pins, choice in jobs.values()]
-    context = (cluster, cost_model, cost_fn)
-    if isinstance(workers, ProfileWorkers) and len(items) >= _WORTH_WORKERS * workers.count:
-        results = workers.profile(graph, _profile_one, context, items, on_profile)
-    elif isinstance(workers, int) and workers > 1 and len(items) >= _WORTH_FRESH_WORKERS * workers:
-        with ProfileWorkers(workers) as fresh:
-            results = fresh.profile(graph, _profile_one, context, items, on_profile)
-    else:
-        results = []
-        for done, item in enumerate(items, start=1):
-            results.append(_profile_one(graph, cluster, cost_model, cost_fn, *item))
-            if on_profile is not None:
-                on_profile(done, len(items))
-    for (key, (view, _, _)), plan_or_error in zip(jobs.items(), results):
-        if isinstance(plan_or_error, str):
-            cache.put(key, LayerProfile.infeasible(plan_or_error))
-        else:
-            cache.put(key, LayerProfile.from_sharding(plan_or_error, view))
-    profiles = tuple(tuple(cache[key] for key in row) for row in keys)
-    forward, backward = cut_bytes(graph)
-    state = state_inputs(graph)
-    batch = float(sum(graph.tensor(t).nbytes for t in graph.inputs
-                      if t not in state and graph.tensor(t).shape))
-    return ProfileTable(views, tuple(meshes), profiles, forward, backward, step_transfer_bytes(graph), len(jobs),
-                        batch)
+    return keys, jobs
+
+
+def _as_profile(plan_or_error: ShardingPlan | str, view: LayerView) -> LayerProfile:
+    if isinstance(plan_or_error, str):
+        return LayerProfile.infeasible(plan_or_error)
+    return LayerProfile.from_sharding(plan_or_error, view)
 
 
 # Jobs per process below which profiling in the calling process is faster: a fresh pool pays its
