@@ -63,7 +63,7 @@ class SessionWorkers:
             for hosts in sorted({cluster.num_hosts + 1, 2 * cluster.num_hosts}):
                 try:
                     prefetch(graph, cluster.with_hosts(hosts), options)
-                except ValueError:  # closed meanwhile, or options that cluster refuses: nothing to get ahead on
+                except (ValueError, RuntimeError):  # closed meanwhile, or a cluster the options refuse
                     return
 
         thread = threading.Thread(target=start, name="alpaviz-prefetch", daemon=True)

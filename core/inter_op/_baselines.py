@@ -55,7 +55,7 @@ def data_parallel(
     options = SolveOptions.of(options, **keywords)
     unused_options(options, _SET_BY_THE_BASELINE, "data-parallel baseline")
     if options.num_microbatches == "auto":
-        return search_counts(lambda at_count: data_parallel(fn_or_graph, *args, cluster=cluster, options=at_count),
+        return search_counts(lambda at_count, graph: data_parallel(graph, cluster=cluster, options=at_count),
                              fn_or_graph, args, options, "data-parallel baseline")
     graph = _graph(fn_or_graph, args, options)
     fn = options.stage_cost if options.stage_cost is not None else default_stage_cost()
@@ -134,7 +134,7 @@ def megatron_grid(
     if options.num_microbatches == "auto":
         if return_all:
             raise ValueError("return_all=True lists one microbatch count's grid; give num_microbatches as an int")
-        return search_counts(lambda at_count: megatron_grid(fn_or_graph, *args, cluster=cluster, options=at_count),
+        return search_counts(lambda at_count, graph: megatron_grid(graph, cluster=cluster, options=at_count),
                              fn_or_graph, args, options, "Megatron grid")
     graph = _graph(fn_or_graph, args, options)
     fn = options.stage_cost if options.stage_cost is not None else default_stage_cost()

@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
-from alpaviz.core.graph import OpGraph, microbatch_args
+from alpaviz.core.graph import OpGraph, microbatch_args, trace
 from alpaviz.core.inter_op._infeasible import ModelTooLargeError
 from alpaviz.core.inter_op._options import SolveOptions
 from alpaviz.core.inter_op._profile_workers import ProfileWorkers
@@ -95,11 +96,15 @@ def _short(err: Exception) -> str:
     return type(err).__name__
 
 
-def search_counts(plan_for: Callable[[SolveOptions], Plan], fn_or_graph: Any, args: Sequence[Any],
+def search_counts(plan_for: Callable[[SolveOptions, OpGraph], Plan], fn_or_graph: Any, args: Sequence[Any],
                   options: SolveOptions, what: str) -> Plan:
-    """`num_microbatches="auto"`: the fastest of `plan_for(options at count b)` over every count that divides
-    the global batch, all counts sharing one profile cache and one pool of profiling processes (a callback
-    progress sees every count's phases)."""
+    """`num_microbatches="auto"`: the fastest of `plan_for(options at count b, the step traced at b's
+    microbatch)` over every count that divides the global batch, all counts sharing one profile cache and
+    one pool of profiling processes (a callback progress sees every count's phases).
+
+    The next count's step is traced on a thread while this count is planned: tracing holds one core for
+    seconds at GPT-15B, while the profiling processes wait on its result otherwise.
+    """
     if isinstance(fn_or_graph, OpGraph):
         raise ValueError(f"the {what} with num_microbatches='auto' needs the step function and its global-batch "
                          f"arguments (with global_batch_argnums), not an OpGraph")
@@ -111,8 +116,38 @@ def search_counts(plan_for: Callable[[SolveOptions], Plan], fn_or_graph: Any, ar
         per_count = options.replace(cache=StageProfileCache() if options.cache is None else options.cache,
                                     progress=options.progress if callable(options.progress) else False,
                                     workers=workers)
-        return best_over_microbatches(lambda b: plan_for(per_count.replace(num_microbatches=b)), counts, what,
-                                      options.progress)
+        traced = _TracedAhead(fn_or_graph, args, options.global_batch_argnums, counts)
+        owned.callback(traced.close)
+        at_count = per_count.replace(global_batch_argnums=())  # plan_for gets the graph already cut and traced
+        return best_over_microbatches(lambda b: plan_for(at_count.replace(num_microbatches=b), traced.graph(b)),
+                                      counts, what, options.progress)
+
+
+class _TracedAhead:
+    """The step traced at each count's microbatch, one count ahead of the one asked for, on one thread."""
+
+    def __init__(self, fn: Callable[..., Any], args: Sequence[Any], argnums: Sequence[int],
+                 counts: Sequence[int]) -> None:
+        self._fn, self._args, self._argnums, self._counts = fn, tuple(args), tuple(argnums), tuple(counts)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="alpaviz-trace")
+        self._futures: dict[int, Future] = {}
+
+    def graph(self, count: int) -> OpGraph:
+        self._start(count)
+        following = self._counts.index(count) + 1
+        if following < len(self._counts):
+            self._start(self._counts[following])
+        return self._futures.pop(count).result()  # a tracing error is raised here, for this count
+
+    def _start(self, count: int) -> None:
+        if count not in self._futures:
+            self._futures[count] = self._thread.submit(trace, self._fn,
+                                                       *microbatch_args(self._args, self._argnums, count))
+
+    def close(self) -> None:
+        for future in self._futures.values():
+            future.cancel()
+        self._thread.shutdown(wait=True)
 
 
 def args_at_microbatch_size(fn_or_graph: Any, args: tuple, options: SolveOptions) -> tuple:

@@ -47,7 +47,7 @@ def solve(
     """
     options = SolveOptions.of(options, **keywords)
     if options.num_microbatches == "auto":
-        return search_counts(lambda at_count: solve(fn_or_graph, *args, cluster=cluster, options=at_count),
+        return search_counts(lambda at_count, graph: solve(graph, cluster=cluster, options=at_count),
                              fn_or_graph, args, options, "plan")
     started = time.perf_counter()
     setup = prepare(fn_or_graph, *args_at_microbatch_size(fn_or_graph, args, options), cluster=cluster,
