@@ -25,6 +25,8 @@ SLOWEST_FIRST = (
     "tests/runtime/test_runtime.py",
     "tests/graph/test_scan.py",
     "tests/widgets/test_widgets.py",
+    "tests/inter_op/test_profile_cache.py",
+    "tests/widgets/test_session_workers.py",
     "tests/inter_op/test_remat.py",
     "tests/intra_op/test_memory.py",
 )
