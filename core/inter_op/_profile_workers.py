@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor, wait
 from typing import Any, Callable, Sequence
 
 from alpaviz.core.graph import OpGraph
@@ -94,8 +94,11 @@ class ProfileWorkers:
         """
         futures = self._submit(graph, job, context, items, keys, remember=False)
         results = []
-        for done, future in enumerate(futures, start=1):
-            results.append(future.result())
+        for done, (future, item) in enumerate(zip(futures, items), start=1):
+            try:
+                results.append(future.result())
+            except CancelledError:  # a prefetched run another solve cancelled before it started: run it here
+                results.append(job(graph, *context, *item))
             if on_profile is not None:
                 on_profile(done, len(items))
         return results

@@ -65,12 +65,13 @@ def test_a_session_profiles_more_hosts_ahead_and_the_whatif_then_profiles_nothin
         session.workers.wait_for_prefetched()
         ahead = len(session.cache)
         assert ahead > 0
-        misses = session.cache.misses
         seen = []
         session.on_activity(seen.append)
         outcome = session.set_whatif(session.whatif.with_hosts(2))
         assert outcome.ok and seen[0].startswith("planning for 2x4 A100") and "this plan stays" in seen[0]
-        assert session.cache.misses == misses  # every profile the what-if needed was already there
+        # every profile the what-if needed was already there (the cache's own counters also see the
+        # next prefetch, for 3 and 4 hosts, which starts on a thread as soon as the plan is shown)
+        assert "(0 layer profiles computed" in " ".join(session.plan.solver.timings)
         fresh = av.solve(graph, cluster=av.Cluster.a100_node(1, 4).with_hosts(2), num_microbatches=4,
                          progress=False)
         assert session.plan.stages == fresh.stages and session.plan.predicted == fresh.predicted
