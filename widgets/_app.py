@@ -36,6 +36,9 @@ class PanelEditor:
         self.progress = pn.indicators.Progress(value=100, max=100, width=200, bar_color="success")
         self.spinner = pn.indicators.LoadingSpinner(value=False, size=24, name="")
         self.cut_row = pn.FlexBox()
+        self._cut_gaps: tuple[int, ...] = ()  # the gaps the cut row's buttons stand for
+        self._cut_buttons: list[pn.widgets.Button] = []
+        self._chip_panes: list[pn.pane.HTML] = []
         self.submesh_column = pn.Column()
         self.graph_level = pn.widgets.RadioButtonGroup(options=dict(GRAPH_LEVELS), value="layer")
         self.graph_layer = pn.widgets.Select(name="layer (operators view)", options={"all": -1}, value=-1, width=160)
@@ -209,15 +212,23 @@ class PanelEditor:
         _show_choice(getattr(self, name), options, value)
 
     def show_cuts(self, view: EditorView) -> None:
-        """The layer chips with a button in each gap."""
-        items: list[Any] = [pn.pane.HTML(H.layer_chip_html(0, view.chips[0].stage, view.chips[0].colour), margin=2)]
-        for cut, chip in zip(view.cuts, view.chips[1:]):
-            button = pn.widgets.Button(name=f"gap {cut.label}", description=cut.tooltip, margin=(2, 2),
-                                       button_type="danger" if cut.is_cut else "default",
-                                       button_style="solid" if cut.pinned else "outline")
-            button.on_click(lambda _, layer=cut.layer: self.controller.toggle_cut(layer))
-            items += [button, pn.pane.HTML(H.layer_chip_html(chip.layer, chip.stage, chip.colour), margin=2)]
-        self.cut_row.objects = items
+        """The layer chips with a button in each gap. The same gaps keep their buttons and chips, only restyled:
+        a button rebuilt under the pointer would drop a second click that reaches the page before the new one."""
+        gaps = tuple(cut.layer for cut in view.cuts)
+        if gaps != self._cut_gaps:
+            self._cut_gaps = gaps
+            self._cut_buttons = [pn.widgets.Button(margin=(2, 2)) for _ in gaps]
+            for button, layer in zip(self._cut_buttons, gaps):
+                button.on_click(lambda _, layer=layer: self.controller.toggle_cut(layer))
+            self._chip_panes = [pn.pane.HTML(margin=2) for _ in view.chips]
+            self.cut_row.objects = [self._chip_panes[0]] + [
+                part for pair in zip(self._cut_buttons, self._chip_panes[1:]) for part in pair]
+        for button, cut in zip(self._cut_buttons, view.cuts):
+            button.param.update(name=f"gap {cut.label}", description=cut.tooltip,
+                                button_type="danger" if cut.is_cut else "default",
+                                button_style="solid" if cut.pinned else "outline")
+        for pane, chip in zip(self._chip_panes, view.chips):
+            pane.object = H.layer_chip_html(chip.layer, chip.stage, chip.colour)
 
     def show_stages(self, view: EditorView) -> None:
         """One row per stage: its submesh and recomputation pickers and what it holds."""

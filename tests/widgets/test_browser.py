@@ -113,11 +113,11 @@ def test_pin_a_cut_in_the_browser_and_resolve(app_url):
         before = _cuts(headline.inner_text())
         free = sorted(set(range(1, 4)) - before)
         # pin a cut in a gap the plan does not cut; if it cuts every gap, click on to pin a no-cut
-        gap, clicks, state = (free[0], 1, "pinned cut") if free else (2, 2, "pinned no-cut")
-        for _ in range(clicks):
+        gap, states = (free[0], ["pinned cut"]) if free else (2, ["pinned cut", "pinned no-cut"])
+        for state in states:  # each click's state is read back before the next click
             page.get_by_role("button", name=re.compile(rf"^gap {gap - 1}\|{gap} ")).click()
-            page.wait_for_timeout(300)
-        page.get_by_text(f"gap before layer {gap}: {state}").wait_for(timeout=30_000)
+            page.get_by_text(f"gap before layer {gap}: {state}").wait_for(timeout=30_000)
+        clicks = len(states)
         page.get_by_role("button", name="Re-solve").click()
         page.get_by_text(re.compile(r"^re-solved in")).wait_for(timeout=60_000)
         after = _cuts(headline.inner_text())
