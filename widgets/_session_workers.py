@@ -82,7 +82,7 @@ class SessionWorkers:
         """Block until the pool's processes run (True), or say there is none (False)."""
         if self.pool is None or self.pool.closed:
             return False
-        self.pool.warm_up().result(timeout=timeout_s)
+        self.pool.warm_up(wait_s=timeout_s)
         return True
 
     def close(self) -> None:

@@ -80,8 +80,8 @@ class SolveOptions:
             check_int("num_layers", self.num_layers, minimum=1)
         if not isinstance(self.workers, ProfileWorkers):
             check_int("workers", self.workers, minimum=1)
-        elif self.workers.closed:
-            raise ValueError("workers: these ProfileWorkers are closed; make a new av.ProfileWorkers(n) or pass workers=n")
+        else:
+            self.workers.check_open()
         check_number("tolerance", self.tolerance, minimum=0)
         if self.submeshes is not None:
             set_("submeshes", tuple(tuple(s) if isinstance(s, (tuple, list)) else s for s in self.submeshes))

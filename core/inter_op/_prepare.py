@@ -14,7 +14,7 @@ from alpaviz.core.inter_op._measure import measured_stage_cost
 from alpaviz.core.inter_op._options import SolveOptions
 from alpaviz.core.inter_op._progress import Progress
 from alpaviz.core.inter_op._setup import SolveSetup
-from alpaviz.core.inter_op._stage_cost import default_stage_cost
+from alpaviz.core.inter_op._stage_cost import StageCostFn, default_stage_cost
 from alpaviz.core.inter_op._stage_dp import MeshChoice
 from alpaviz.core.inter_op._profile_cache import StageProfileCache
 from alpaviz.core.inter_op._profile_workers import ProfileWorkers
@@ -46,11 +46,7 @@ def prepare(
     cache = StageProfileCache() if options.cache is None else options.cache
     check_pins(options.pins, graph, cluster)
     meshes = tuple(meshes) if meshes is not None else mesh_choices(cluster, options.submeshes)
-    fn = options.stage_cost if options.stage_cost is not None else default_stage_cost()
-    name = getattr(fn, "__name__", type(fn).__name__)
-    if options.profile:
-        fn = measured_stage_cost(fn)
-        name = f"measured on local devices (shardings from {name})"
+    fn, name = stage_cost_of(options)
     bar = Progress(options.progress, "profiling layers")
     try:
         profiles = profile_layers(
@@ -77,9 +73,19 @@ def prefetch(graph: OpGraph, cluster: Cluster, options: SolveOptions) -> int:
         return 0  # measured costs need the local devices, which the main process holds
     check_cluster_options(cluster, options)
     graph = cluster_layers(graph, options.num_layers)
-    fn = options.stage_cost if options.stage_cost is not None else default_stage_cost()
+    fn, _ = stage_cost_of(options)
     return prefetch_profiles(graph, cluster, options.cost_model, options.pins, mesh_choices(cluster, options.submeshes),
                              fn, options.cache, options.workers, options.num_microbatches)
+
+
+def stage_cost_of(options: SolveOptions) -> tuple[StageCostFn, str]:
+    """The stage-cost function `options` ask for (the ILP by default; measured on the local devices when
+    `options.profile`), and the name a plan's solver record gives it."""
+    fn = options.stage_cost if options.stage_cost is not None else default_stage_cost()
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if options.profile:
+        return measured_stage_cost(fn), f"measured on local devices (shardings from {name})"
+    return fn, name
 
 
 def check_cluster_options(cluster: Cluster, options: SolveOptions) -> None:

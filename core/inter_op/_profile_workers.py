@@ -78,11 +78,17 @@ class ProfileWorkers:
         """Stop the processes and remove their graph files."""
         self._closer()
 
-    def warm_up(self) -> Future:
-        """Start every process now (in the background) so the first solve that needs them does not wait."""
-        self._check_open()
+    def warm_up(self, wait_s: float | None = None) -> None:
+        """Start every process now (in the background) so the first solve that needs them does not wait;
+        with `wait_s`, block until each has answered, raising TimeoutError after that many seconds."""
+        self.check_open()
         futures = [self._pool.submit(_ready) for _ in range(self.count)]
-        return futures[-1]
+        if wait_s is not None:
+            _, late = wait(futures, timeout=wait_s)
+            if late:
+                raise TimeoutError(f"{len(late)} of {self.count} profiling processes did not start within {wait_s} s")
+            for future in futures:
+                future.result()
 
     def profile(self, graph: OpGraph, job: Callable[..., Any], context: tuple, items: Sequence[tuple],
                 on_profile: ProgressFn | None = None, keys: Sequence[Any] | None = None) -> list:
@@ -125,7 +131,7 @@ class ProfileWorkers:
 
     def _submit(self, graph, job, context, items, keys, remember: bool) -> list[Future]:
         """One future per item: a pending run of the same key, or a new run (remembered if `remember`)."""
-        self._check_open()
+        self.check_open()
         path = self._graph_file(graph)
         keys = [None] * len(items) if keys is None else list(keys)
         if not remember:
@@ -152,7 +158,8 @@ class ProfileWorkers:
             if self._pending.get(key) is future:
                 del self._pending[key]
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Refuse work for a closed pool, saying how to get an open one."""
         if self.closed:
             raise ValueError("these ProfileWorkers are closed: make a new av.ProfileWorkers(n), or pass workers=n")
 

@@ -208,8 +208,7 @@ def profile_layers(
     solve, e.g. GPT-39B); a running `ProfileWorkers` pool is worth it for a few.
     """
     views = layer_views(graph)
-    keys, jobs = _missing_profiles(views, cluster, cost_model, pins, meshes, cost_fn, cache, num_microbatches)
-    items = [(view.nodes, layer_pins, choice, num_microbatches) for view, layer_pins, choice in jobs.values()]
+    keys, jobs, items = _missing_profiles(views, cluster, cost_model, pins, meshes, cost_fn, cache, num_microbatches)
     context = (cluster, cost_model, cost_fn)
     if isinstance(workers, ProfileWorkers) and (len(items) >= _WORTH_WORKERS * workers.count
                                                 or workers.has_pending(jobs)):
@@ -240,8 +239,7 @@ def prefetch_profiles(graph: OpGraph, cluster: Cluster, cost_model: CostModel, p
     """Start profiling, on `workers` and in the background, what `profile_layers` would profile with these
     arguments; each profile lands in `cache` as it finishes.  Returns how many runs were started."""
     views = layer_views(graph)
-    _, jobs = _missing_profiles(views, cluster, cost_model, pins, meshes, cost_fn, cache, num_microbatches)
-    items = [(view.nodes, layer_pins, choice, num_microbatches) for view, layer_pins, choice in jobs.values()]
+    _, jobs, items = _missing_profiles(views, cluster, cost_model, pins, meshes, cost_fn, cache, num_microbatches)
 
     def store(key: tuple, plan_or_error) -> None:
         cache.put(key, _as_profile(plan_or_error, jobs[key][0]))
@@ -251,8 +249,8 @@ def prefetch_profiles(graph: OpGraph, cluster: Cluster, cost_model: CostModel, p
 
 
 def _missing_profiles(views, cluster, cost_model, pins, meshes, cost_fn, cache, num_microbatches):
-    """Every (layer, mesh)'s cache key ([layer][mesh]), and the distinct keys the cache lacks with
-    what profiling each needs (the layer, its intra-op pins, the mesh)."""
+    """Every (layer, mesh)'s cache key ([layer][mesh]); the distinct keys the cache lacks, each with its
+    layer, intra-op pins and mesh; and, in the same order, the arguments `_profile_one` takes after the context."""
     fn_key = getattr(cost_fn, "cache_key", cost_fn)
     jobs: dict[tuple, tuple[LayerView, Pins, MeshChoice]] = {}
     keys: list[list[tuple]] = []
@@ -267,7 +265,8 @@ def _missing_profiles(views, cluster, cost_model, pins, meshes, cost_fn, cache, 
             if key not in jobs and cache.get(key) is None:
                 jobs[key] = (view, layer_pins, choice)
         keys.append(row)
-    return keys, jobs
+    items = [(view.nodes, layer_pins, choice, num_microbatches) for view, layer_pins, choice in jobs.values()]
+    return keys, jobs, items
 
 
 def _as_profile(plan_or_error: ShardingPlan | str, view: LayerView) -> LayerProfile:

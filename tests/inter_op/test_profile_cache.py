@@ -100,7 +100,7 @@ def test_a_pool_of_profiling_processes_serves_many_solves_with_the_serial_plans(
     serial = _solve(graph, None)
     four_hosts = av.solve(graph, cluster=av.Cluster.a100_node(4, 4), num_microbatches=4, progress=False)
     with av.ProfileWorkers(2) as workers:
-        workers.warm_up().result(timeout=120)
+        workers.warm_up(wait_s=120)
         first = set(workers._pool._processes)
         pooled = _solve(graph, av.StageProfileCache(), workers=workers)
         pooled_four = av.solve(graph, cluster=av.Cluster.a100_node(4, 4), num_microbatches=4, progress=False,
