@@ -19,11 +19,17 @@ import tempfile
 import threading
 import weakref
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable, Sequence
 
 from alpaviz.core.graph import OpGraph
 
 ProgressFn = Callable[[int, int], None]
+
+
+_BROKEN = ("a profiling process exited before it answered. From a script, a solve with workers > 1 must run "
+           "under `if __name__ == '__main__':`, because each process starts by importing the script; otherwise "
+           "the process ran out of memory: pass workers=1 (profiling in this process)")
 
 
 class ProfileWorkers:
@@ -98,15 +104,18 @@ class ProfileWorkers:
         Prefetched runs this call does not need and that have not started are cancelled: the solve someone
         waits for goes first (the caller may prefetch them again afterwards).
         """
-        futures = self._submit(graph, job, context, items, keys, remember=False)
-        results = []
-        for done, (future, item) in enumerate(zip(futures, items), start=1):
-            try:
-                results.append(future.result())
-            except CancelledError:  # a prefetched run another solve cancelled before it started: run it here
-                results.append(job(graph, *context, *item))
-            if on_profile is not None:
-                on_profile(done, len(items))
+        try:
+            futures = self._submit(graph, job, context, items, keys, remember=False)
+            results = []
+            for done, (future, item) in enumerate(zip(futures, items), start=1):
+                try:
+                    results.append(future.result())
+                except CancelledError:  # a prefetched run another solve cancelled before it started: run it here
+                    results.append(job(graph, *context, *item))
+                if on_profile is not None:
+                    on_profile(done, len(items))
+        except BrokenProcessPool as err:
+            raise RuntimeError(_BROKEN) from err
         return results
 
     def prefetch(self, graph: OpGraph, job: Callable[..., Any], context: tuple, items: Sequence[tuple],

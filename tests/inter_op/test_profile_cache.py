@@ -117,3 +117,21 @@ def test_profile_workers_refuse_a_count_that_is_not_a_whole_number():
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match="whole number of processes"):
             av.ProfileWorkers(bad)
+
+
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    # spawned processes import the script again, which solves again: each dies starting its own processes
+    script = tmp_path / "plan_it.py"
+    script.write_text(textwrap.dedent("""
+        import alpaviz as av
+        graph = av.trace(*av.models.gpt(num_layers=3, hidden=64, heads=2, seq_len=16, vocab=128, batch_size=8,
+                                        abstract=True))
+        av.solve(graph, cluster=av.Cluster.a100_node(2, 4), num_microbatches=4, progress=False,
+                 workers=av.ProfileWorkers(2))
+    """))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: a profiling process exited before it answered"), run.stderr[-2000:]
+    assert "if __name__ == '__main__':" in last
