@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import Sequence
+
+import numpy as np
 
 from alpaviz.core.cost import CostModelProtocol, LogicalMesh
 from alpaviz.core.graph import OpGraph
@@ -69,6 +72,7 @@ class ReshardingPrices:
         self._graph, self._mesh, self._model = graph, mesh, cost_model
         self._by_tensor: dict[str, tuple[float, dict]] = {}
         self._by_size: dict[float, dict] = {}
+        self._tables: dict[tuple, np.ndarray] = {}
 
     def __call__(self, tensor: str, src: Spec | None, dst: Spec | None) -> float:
         found = self._by_tensor.get(tensor)
@@ -80,6 +84,16 @@ class ReshardingPrices:
         if cost is None:
             cost = memo[src, dst] = resharding_cost(nbytes, src, dst, self._mesh, self._model)
         return cost
+
+    def table(self, tensor: str, sources: Sequence[Spec], targets: Sequence[Spec]) -> np.ndarray:
+        """The [source, target] costs of `tensor`; the same specs on a tensor of the same size are priced once
+        (a layer's readers ask for the same few tables thousands of times)."""
+        nbytes = self._by_tensor[tensor][0] if tensor in self._by_tensor else tensor_bytes(self._graph.tensor(tensor))
+        key = (nbytes, tuple(sources), tuple(targets))
+        found = self._tables.get(key)
+        if found is None:
+            found = self._tables[key] = np.array([[self(tensor, s, d) for d in targets] for s in sources])
+        return found
 
 
 @functools.lru_cache(maxsize=1 << 17)

@@ -23,15 +23,16 @@ import numpy as np
 _SCALE = 1e6
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)
 class PairCost:
-    """A cost between groups `a` and `b` that depends on the classes of their options."""
+    """A cost between groups `a` and `b` that depends on the classes of their options: option k of `a` is
+    in class `a_class[k]`, a row of `cost`; option k of `b` in class `b_class[k]`, a column."""
 
     a: int
     b: int
-    a_class: tuple[Hashable, ...]
-    b_class: tuple[Hashable, ...]
-    cost: Mapping[tuple[Hashable, Hashable], float]
+    a_class: tuple[int, ...]
+    b_class: tuple[int, ...]
+    cost: np.ndarray  # seconds, [class of a, class of b]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +87,7 @@ def evaluate(problem: IlpProblem, choice: Sequence[int]) -> float:
     """The objective of one assignment, computed directly (no solver)."""
     total = problem.constant + sum(problem.unary[g][k] for g, k in enumerate(choice))
     for p in problem.pairs:
-        total += p.cost.get((p.a_class[choice[p.a]], p.b_class[choice[p.b]]), 0.0)
+        total += float(p.cost[p.a_class[choice[p.a]], p.b_class[choice[p.b]]])
     return total
 
 
@@ -147,6 +148,14 @@ class _Program:
         self.upper.append(1.0 if binary else math.inf)
         self.integer.append(binary)
         return len(self.cost) - 1
+
+    def columns(self, costs: Sequence[float]) -> range:
+        """New continuous columns in [0, inf), one per cost; their indices."""
+        first = len(self.cost)
+        self.cost.extend(costs)
+        self.upper.extend([math.inf] * len(costs))
+        self.integer.extend([False] * len(costs))
+        return range(first, len(self.cost))
 
     def row(self, terms: "_Affine", lower: float, upper: float) -> None:
         """lower <= terms <= upper, with the terms' constant moved to the bounds."""
@@ -289,25 +298,26 @@ def _cost_objective(problem: IlpProblem, allowed: list[tuple[int, ...]], x: Mapp
     for p in problem.pairs:
         a_classes = _classes(p.a_class, allowed[p.a])
         b_classes = _classes(p.b_class, allowed[p.b])
-        if not any(p.cost.get((ca, cb), 0.0) > 0 for ca in a_classes for cb in b_classes):
+        costs = p.cost[np.ix_(list(a_classes), list(b_classes))].tolist()  # over the classes still allowed
+        if not any(cost > 0 for row in costs for cost in row):
             continue
         if len(a_classes) == 1 or len(b_classes) == 1:
             # One side's class is settled: the cost is linear in the other side.
-            for (ca, ka), (cb, kb) in ((a, b) for a in a_classes.items() for b in b_classes.items()):
-                cost = p.cost.get((ca, cb), 0.0)
-                if cost <= 0.0:
-                    continue
-                coefs, fixed = indicator(*((p.b, kb) if len(a_classes) == 1 else (p.a, ka)))
-                constant += cost * fixed
-                for col in coefs:
-                    program.cost[col] += cost * _SCALE
+            for ka, row in zip(a_classes.values(), costs):
+                for kb, cost in zip(b_classes.values(), row):
+                    if cost <= 0.0:
+                        continue
+                    coefs, fixed = indicator(*((p.b, kb) if len(a_classes) == 1 else (p.a, ka)))
+                    constant += cost * fixed
+                    for col in coefs:
+                        program.cost[col] += cost * _SCALE
             continue
         # Joint distribution over class pairs with both marginals: a tight LP relaxation.
-        e = {(ca, cb): program.column(p.cost.get((ca, cb), 0.0) * _SCALE) for ca in a_classes for cb in b_classes}
-        for ca, ka in a_classes.items():
-            program.row(_minus(_affine([(e[ca, cb], 1.0) for cb in b_classes]), indicator(p.a, ka)), 0.0, 0.0)
-        for cb, kb in b_classes.items():
-            program.row(_minus(_affine([(e[ca, cb], 1.0) for ca in a_classes]), indicator(p.b, kb)), 0.0, 0.0)
+        e = [program.columns([cost * _SCALE for cost in row]) for row in costs]
+        for row, ka in zip(e, a_classes.values()):
+            program.row(_minus(_affine([(col, 1.0) for col in row]), indicator(p.a, ka)), 0.0, 0.0)
+        for j, kb in enumerate(b_classes.values()):
+            program.row(_minus(_affine([(row[j], 1.0) for row in e]), indicator(p.b, kb)), 0.0, 0.0)
     program.offset += constant * _SCALE
 
 
@@ -318,8 +328,9 @@ def _working_set(ws: WorkingSet, allowed: Sequence[Sequence[int]], x: Mapping[tu
     return _affine([(x[g, k], b / 1e6) for g, k, b in terms if (g, k) in x], fixed / 1e6)
 
 
-def _classes(classes: tuple[Hashable, ...], options: Sequence[int]) -> dict[Hashable, list[int]]:
-    out: dict[Hashable, list[int]] = {}
+def _classes(classes: tuple[int, ...], options: Sequence[int]) -> dict[int, list[int]]:
+    """Each class among `options`, in first-seen order, with its options."""
+    out: dict[int, list[int]] = {}
     for k in options:
         out.setdefault(classes[k], []).append(k)
     return out

@@ -253,7 +253,9 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
                   for _, readers in items)
             for k in range(simp.groups[g].num_options)
         )
-        pairs.append(PairCost(h, g, have, need, _pair_cost(items, have, need, weights, reshard)))
+        sources, targets = _positions(have), _positions(need)
+        pairs.append(PairCost(h, g, tuple(sources[c] for c in have), tuple(targets[c] for c in need),
+                              _pair_cost(items, list(sources), list(targets), weights, reshard)))
     equal = []
     for param, updated in parameter_aliases(graph):
         updated = simp.resolve(updated)
@@ -269,22 +271,21 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
     return problem, restrictions, memory
 
 
-def _pair_cost(items: list[tuple[str, list[tuple[str, int]]]], have: tuple, need: tuple,
-               weights: StepWeights, reshard: ReshardingPrices) -> dict[tuple, float]:
-    """The resharding cost of every (have class, need class) pair with a positive cost.
+def _pair_cost(items: list[tuple[str, list[tuple[str, int]]]], sources: list[tuple], targets: list[tuple],
+               weights: StepWeights, reshard: ReshardingPrices) -> np.ndarray:
+    """The resharding cost of every (have class, need class) pair, as a [source, target] array.
 
     A class pair's cost is a sum over its tensors' readers, and each reader sees only a few
     distinct (spec it gets, spec it needs) pairs: price those once, then add them up as arrays.
     """
-    sources, targets = list(dict.fromkeys(have)), list(dict.fromkeys(need))
     total = np.zeros((len(sources), len(targets)))
     for i, (t, readers) in enumerate(items):
         src_index = _positions(src[i] for src in sources)
         for r, (reader, _) in enumerate(readers):
             dst_index = _positions(dst[i][r] for dst in targets)
-            table = np.array([[reshard(t, s, d) for d in dst_index] for s in src_index]) * weights.compute(reader)
+            table = reshard.table(t, list(src_index), list(dst_index)) * weights.compute(reader)
             total += table[np.ix_([src_index[src[i]] for src in sources], [dst_index[dst[i][r]] for dst in targets])]
-    return {(sources[a], targets[b]): float(total[a, b]) for a, b in zip(*np.nonzero(total > 0))}
+    return total
 
 
 def _positions(values) -> dict:

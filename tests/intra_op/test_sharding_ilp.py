@@ -3,6 +3,7 @@
 import itertools
 import random
 
+import numpy as np
 import pytest
 
 from alpaviz.core.intra_op._sharding_ilp import Equal, IlpProblem, PairCost, evaluate, peak_memory, solve
@@ -15,8 +16,8 @@ def _random_problem(seed: int, *, memory_limit: bool) -> IlpProblem:
     unary = tuple(tuple(rng.uniform(0, 1e-3) for _ in range(n)) for n in sizes)
     classes = [tuple(rng.randint(0, 1) for _ in range(n)) for n in sizes]
     pairs = tuple(
-        PairCost(a, b, classes[a], classes[b], {(ca, cb): rng.choice([0.0, rng.uniform(0, 2e-3)])
-                                               for ca in (0, 1) for cb in (0, 1)})
+        PairCost(a, b, classes[a], classes[b], np.array([[rng.choice([0.0, rng.uniform(0, 2e-3)]) for cb in (0, 1)]
+                                                         for ca in (0, 1)]))
         for a, b in ((0, 1), (1, 2), (2, 3), (0, 4), (3, 4))
     )
     equal = (Equal(1, 3, classes[1], classes[3]),)
