@@ -74,3 +74,28 @@ def test_a_limit_below_every_assignment_is_infeasible():
                        lowest * 0.99, problem.constant, problem.working_sets)
     result = solve(tight)
     assert result.status == "infeasible" and result.choice is None
+
+
+def test_the_relaxation_answers_when_integral_and_branch_and_bound_when_not(monkeypatch):
+    """Both paths of the LP-first solve are taken on the random problems, and each meets brute force."""
+    from alpaviz.core.intra_op import _sharding_ilp
+
+    runs: list[list[bool]] = []
+    real_run = _sharding_ilp._Program._run
+
+    def recording_run(self, time_limit_s, integral):
+        runs[-1].append(integral)
+        return real_run(self, time_limit_s, integral)
+
+    monkeypatch.setattr(_sharding_ilp._Program, "_run", recording_run)
+    for seed in range(12):
+        if not any(_assignments(_random_problem(seed, memory_limit=False))):
+            continue  # the alias rules out every assignment: no limit to draw
+        for memory_limit in (False, True):
+            problem = _random_problem(seed, memory_limit=memory_limit)
+            costs = [evaluate(problem, c) for c in _assignments(problem) if _within_limit(problem, c)]
+            runs.append([])
+            result = solve(problem)
+            assert result.status == "optimal" and _within_limit(problem, result.choice)
+            assert evaluate(problem, result.choice) == pytest.approx(min(costs), rel=1e-6)
+    assert [False] in runs and [False, True] in runs, runs
