@@ -127,55 +127,26 @@ def analyze(
     constants = set(graph.constants or {})
     producer = {t: n.name for n in graph.nodes for t in n.outputs}
     outputs = set(graph.output_tensors)
-
-    # Nodes no task runs: constant-only ones (recomputed where read) and the generated draws.
-    const_nodes: set[str] = set()
-    made_before = {producer[t] for t in (*generated, *whole)}
     for t in (*generated, *whole):
         del producer[t]
-    for node in graph.nodes:
-        if node.name in made_before or all(
-            t in constants or producer.get(t) in const_nodes for t in node.inputs
-        ) and not (set(node.outputs) & outputs):
-            const_nodes.add(node.name)
-
+    const_nodes = _untasked_nodes(graph, constants, producer, outputs, {*generated, *whole})
     batch_dep = tensors_depending_on(graph.nodes, (*batch_inputs, *generated))
 
     exec_role = _task_roles(graph, stage_of, const_nodes, producer)
     levels = 1 + max((update_level(r) for r in exec_role.values() if is_update(r)), default=0)
     roles = ("forward", "backward", *(update_role(level) for level in range(levels)))
     task_of_tensor: dict[str, tuple[int, str]] = {}
-    members: dict[tuple[int, str], list[str]] = {(s, r): [] for s in range(plan.num_stages) for r in roles}
+    own: dict[tuple[int, str], list[str]] = {(s, r): [] for s in range(plan.num_stages) for r in roles}
     for node in graph.nodes:
         if node.name in const_nodes:
             continue
         key = (stage_of[node.name], exec_role[node.name])
-        members[key].append(node.name)
+        own[key].append(node.name)
         for t in node.outputs:
             task_of_tensor[t] = key
+    members = _with_recomputation(graph, plan, own)
 
-    # A rematerialised stage's backward runs its forward again, so no forward residual waits in flight.
-    # Any other stage's backward reruns the cheap elementwise chains the memory model does not store.
-    own = {key: list(names) for key, names in members.items()}
-    for stage in plan.stages:
-        key = (stage.index, "backward")
-        forward = own[(stage.index, "forward")]
-        if stage.remat:
-            members[key] = forward + own[key]
-        else:
-            chain = _cheap_recompute(graph, forward, own[key])
-            members[key] = [n for n in forward if n in chain] + own[key]
-
-    reads: dict[tuple[int, str], list[str]] = {}
-    for key, names in members.items():
-        produced = {t for n in names for t in graph.node(n).outputs}
-        ext = []
-        for n in names:
-            for t in graph.node(n).inputs:
-                if t not in produced and t not in constants and producer.get(t) not in const_nodes:
-                    ext.append(t)
-        reads[key] = list(dict.fromkeys(ext))
-
+    reads = {key: _external_reads(graph, names, constants, producer, const_nodes) for key, names in members.items()}
     readers_of: dict[str, set[tuple[int, str]]] = {}
     for key, ext in reads.items():
         for t in ext:
@@ -192,6 +163,77 @@ def analyze(
         ]
         tasks.append(Task(stage, role, ordered, tuple(reads[(stage, role)]), tuple(dict.fromkeys(outs))))
 
+    reduction: dict[str, Reduction] = {}
+    for t, (stage, role) in task_of_tensor.items():
+        if is_update(role):
+            continue
+        once_readers = any(is_update(r) for _, r in readers_of.get(t, ()))
+        if once_readers or t in outputs:
+            if t not in batch_dep:
+                reduction[t] = "last"
+            else:
+                reduction[t] = "concat" if t in per_example else accumulate
+
+    return Dataflow(
+        num_stages=plan.num_stages,
+        tasks=tuple(tasks),
+        edges=_stage_edges(graph, readers_of, task_of_tensor, producer),
+        producer_task=tuple(sorted(task_of_tensor.items())),
+        reduction=tuple(sorted(reduction.items())),
+        update_levels=levels,
+        generated=tuple(generated),
+        whole=tuple(whole),
+        partial=partial,
+    )
+
+
+def _untasked_nodes(graph: OpGraph, constants: set[str], producer: dict[str, str], outputs: set[str],
+                    made_before: set[str]) -> set[str]:
+    """Nodes no task runs: constant-only ones (recomputed where read) and those that make the tensors
+    produced before the step (`made_before`: the generated draws and the whole values)."""
+    before = {n.name for n in graph.nodes if set(n.outputs) & made_before}
+    const_nodes: set[str] = set()
+    for node in graph.nodes:
+        if node.name in before or all(
+            t in constants or producer.get(t) in const_nodes for t in node.inputs
+        ) and not (set(node.outputs) & outputs):
+            const_nodes.add(node.name)
+    return const_nodes
+
+
+def _with_recomputation(graph: OpGraph, plan, own: dict[tuple[int, str], list[str]]) -> dict[tuple[int, str], list[str]]:
+    """Each task's nodes, a backward's with the forward nodes it reruns.
+
+    A rematerialised stage's backward runs its forward again, so no forward residual waits in flight.
+    Any other stage's backward reruns the cheap elementwise chains the memory model does not store.
+    """
+    members = {key: list(names) for key, names in own.items()}
+    for stage in plan.stages:
+        key = (stage.index, "backward")
+        forward = own[(stage.index, "forward")]
+        if stage.remat:
+            members[key] = forward + own[key]
+        else:
+            chain = _cheap_recompute(graph, forward, own[key])
+            members[key] = [n for n in forward if n in chain] + own[key]
+    return members
+
+
+def _external_reads(graph: OpGraph, names: list[str], constants: set[str], producer: dict[str, str],
+                    const_nodes: set[str]) -> list[str]:
+    """The tensors a task reads that it neither makes nor can recompute from constants, in first-read order."""
+    produced = {t for n in names for t in graph.node(n).outputs}
+    ext = []
+    for n in names:
+        for t in graph.node(n).inputs:
+            if t not in produced and t not in constants and producer.get(t) not in const_nodes:
+                ext.append(t)
+    return list(dict.fromkeys(ext))
+
+
+def _stage_edges(graph: OpGraph, readers_of: dict[str, set[tuple[int, str]]],
+                 task_of_tensor: dict[str, tuple[int, str]], producer: dict[str, str]) -> tuple[TensorEdge, ...]:
+    """The tensors that cross stages, grouped by (source task, destination task); refuses backward flow."""
     edge_tensors: dict[tuple[int, str, int, str], list[str]] = {}
     for t, dsts in readers_of.items():
         src = task_of_tensor.get(t)
@@ -208,32 +250,9 @@ def analyze(
         if not is_update(sr) and dr == "backward" and (s, sr, d, "forward") in edge_tensors:
             forward_copy = set(edge_tensors[(s, sr, d, "forward")])
             edge_tensors[(s, sr, d, dr)] = [t for t in ts if t not in forward_copy]
-    edges = tuple(
+    return tuple(
         TensorEdge(s, sr, d, dr, float(sum(graph.tensor(t).nbytes for t in ts)), tuple(ts))
         for (s, sr, d, dr), ts in sorted(edge_tensors.items()) if ts
-    )
-
-    reduction: dict[str, Reduction] = {}
-    for t, (stage, role) in task_of_tensor.items():
-        if is_update(role):
-            continue
-        once_readers = any(is_update(r) for _, r in readers_of.get(t, ()))
-        if once_readers or t in outputs:
-            if t not in batch_dep:
-                reduction[t] = "last"
-            else:
-                reduction[t] = "concat" if t in per_example else accumulate
-
-    return Dataflow(
-        num_stages=plan.num_stages,
-        tasks=tuple(tasks),
-        edges=edges,
-        producer_task=tuple(sorted(task_of_tensor.items())),
-        reduction=tuple(sorted(reduction.items())),
-        update_levels=levels,
-        generated=tuple(generated),
-        whole=tuple(whole),
-        partial=partial,
     )
 
 
