@@ -26,6 +26,11 @@ from alpaviz.core.cost import (
 )
 # the plan data model
 from alpaviz.core.plan import (
+    build_instructions as build_instructions,
+    Instruction as Instruction,
+    predicted_timeline as predicted_timeline,
+    Timeline as Timeline,
+    TimelineEvent as TimelineEvent,
     MAX_DOCUMENT_BYTES as MAX_DOCUMENT_BYTES,
     data_parallel_specs as data_parallel_specs,
     graph_fingerprint as graph_fingerprint,
@@ -77,14 +82,9 @@ from alpaviz.core.inter_op import (
 )
 # the runtime (top)
 from alpaviz.core.runtime import (
-    build_instructions as build_instructions,
-    Instruction as Instruction,
     parallelize as parallelize,
     ParallelStep as ParallelStep,
-    predicted_timeline as predicted_timeline,
     StageError as StageError,
-    Timeline as Timeline,
-    TimelineEvent as TimelineEvent,
 )
 
 __all__ = [

@@ -37,8 +37,36 @@ from alpaviz.core.plan._manual_plan import UNKNOWN_COSTS_NOTE as UNKNOWN_COSTS_N
 from alpaviz.core.plan._manual_plan import data_parallel_specs as data_parallel_specs
 from alpaviz.core.plan._manual_plan import manual_plan as manual_plan
 from alpaviz.core.plan._manual_plan import megatron_specs as megatron_specs
+from alpaviz.core.plan._timeline import Timeline as Timeline
+from alpaviz.core.plan._timeline import TimelineEvent as TimelineEvent
+from alpaviz.core.plan._instructions import Instruction as Instruction
+from alpaviz.core.plan._instructions import build_instructions as build_instructions
+from alpaviz.core.plan._simulate import predicted_timeline as predicted_timeline
+from alpaviz.core.plan._dataflow import Dataflow as Dataflow
+from alpaviz.core.plan._dataflow import TensorEdge as TensorEdge
+from alpaviz.core.plan._dataflow import analyze as analyze
+from alpaviz.core.plan._instructions import ONCE as ONCE
+from alpaviz.core.plan._instructions import Program as Program
+from alpaviz.core.plan._instructions import fusable_runs as fusable_runs
+from alpaviz.core.plan._instructions import interleave as interleave
+from alpaviz.core.plan._instructions import is_update as is_update
+from alpaviz.core.plan._instructions import timeline_kind as timeline_kind
 
 __all__ = [
+    "Dataflow",
+    "TensorEdge",
+    "analyze",
+    "ONCE",
+    "Program",
+    "fusable_runs",
+    "interleave",
+    "is_update",
+    "timeline_kind",
+    "build_instructions",
+    "Instruction",
+    "predicted_timeline",
+    "Timeline",
+    "TimelineEvent",
     "MAX_DOCUMENT_BYTES",
     "check_pin_names",
     "check_pins",

@@ -22,8 +22,8 @@ from alpaviz.core.graph import (
 )
 from alpaviz.core.intra_op import validate_plan
 from alpaviz.core.plan import Plan, check_spec, graph_fingerprint
-from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge, analyze
-from alpaviz.core.runtime._schedule import Instruction, Program, build_instructions, interleave
+from alpaviz.core.plan import Dataflow, TensorEdge, analyze
+from alpaviz.core.plan import Instruction, Program, build_instructions, interleave
 
 
 @dataclasses.dataclass(frozen=True)

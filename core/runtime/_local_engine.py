@@ -11,9 +11,9 @@ from alpaviz.core.graph import split_microbatch
 from alpaviz.core.plan import Plan
 from alpaviz.core.runtime._compile import CompiledStep, named_inputs
 from alpaviz.core.runtime._cross_mesh import move_local
-from alpaviz.core.runtime._schedule import ONCE, fusable_runs, is_update, timeline_kind
+from alpaviz.core.plan import ONCE, fusable_runs, is_update, timeline_kind
 from alpaviz.core.runtime._stage_runner import StageError, StageRunner
-from alpaviz.core.runtime._timeline import TimelineEvent
+from alpaviz.core.plan import TimelineEvent
 
 
 class LocalEngine:

@@ -3,7 +3,7 @@
 The step is traced once per microbatch shape; the plan's stages become
 forward/backward/update tasks (`_dataflow`), each compiled with `jax.jit` on
 its stage's `Mesh` with the plan's shardings as constraints
-(`_stage_runner`); a per-mesh instruction list (`_schedule`) orders them.
+(`_stage_runner`); a per-mesh instruction list (`alpaviz.core.plan._instructions`) orders them.
 
 Microbatching: the batch arguments are split along dim 0 into
 `plan.schedule.num_microbatches` equal parts, and their results combine into
@@ -27,9 +27,9 @@ from alpaviz.core.runtime._compile import CompiledStep, check_args, check_loss_r
 from alpaviz.core.runtime._local_engine import LocalEngine
 from alpaviz.core.runtime._ray_engine import RayEngine
 from alpaviz.core.runtime._transport import check_transport_name
-from alpaviz.core.runtime._schedule import Program, build_instructions, interleave
+from alpaviz.core.plan import Program, build_instructions, interleave
 from alpaviz.core.runtime._stage_runner import StageError
-from alpaviz.core.runtime._timeline import Timeline
+from alpaviz.core.plan import Timeline
 
 Engine = Literal["local", "ray"]
 

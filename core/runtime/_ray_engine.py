@@ -26,9 +26,9 @@ from alpaviz.core.graph import split_microbatch
 from alpaviz.core.plan import Plan, graph_fingerprint
 from alpaviz.core.runtime._cross_mesh import boundary_bytes
 from alpaviz.core.runtime._host_actor import HostActor
-from alpaviz.core.runtime._schedule import ONCE, timeline_kind
+from alpaviz.core.plan import ONCE, timeline_kind
 from alpaviz.core.runtime._stage_runner import StageError, entering_spec
-from alpaviz.core.runtime._timeline import TimelineEvent
+from alpaviz.core.plan import TimelineEvent
 from alpaviz.core.runtime._transport import Transfer, check_transport_name, expecting_hosts
 
 

@@ -19,9 +19,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from alpaviz.core.cost import AXIS_NAMES
 from alpaviz.core.graph import OpGraph, evaluate, is_float_dtype
 from alpaviz.core.plan import Stage, check_spec, to_partition_spec
-from alpaviz.core.runtime._dataflow import Dataflow, TensorEdge
+from alpaviz.core.plan import Dataflow, TensorEdge
 from alpaviz.core.runtime._device_parts import PartEvaluator, device_parts, held_sharding, reduce_parts
-from alpaviz.core.runtime._schedule import ONCE, is_update
+from alpaviz.core.plan import ONCE, is_update
 
 
 class StageError(RuntimeError):

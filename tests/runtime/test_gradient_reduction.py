@@ -14,7 +14,7 @@ import pytest
 import alpaviz as av
 from alpaviz.core.plan import Schedule
 from alpaviz.core.plan._manual_plan import data_parallel_specs, manual_plan, megatron_specs
-from alpaviz.core.runtime._schedule import is_update
+from alpaviz.core.plan._instructions import is_update
 
 COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\(")
 ALL_REDUCE_SHAPE = re.compile(r"= (.+?) all-reduce(?:-start)?\(")

@@ -12,7 +12,7 @@ from alpaviz.core.plan._manual_plan import data_parallel_specs, manual_plan, meg
 from alpaviz.core.plan._plan import Schedule
 from alpaviz.core.runtime._compile import SpecDroppedWarning
 from alpaviz.core.runtime._parallelize import StageError, parallelize
-from alpaviz.core.runtime._schedule import build_instructions, max_live_microbatches
+from alpaviz.core.plan._instructions import build_instructions, max_live_microbatches
 from alpaviz.core.plan._spec import make_spec
 
 STEPS = 3

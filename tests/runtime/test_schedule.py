@@ -6,10 +6,10 @@ import pytest
 import alpaviz as av
 from alpaviz.core.plan._manual_plan import UNKNOWN_COSTS_NOTE, manual_plan
 from alpaviz.core.plan._plan import Schedule, StageCost
-from alpaviz.core.runtime._schedule import (
+from alpaviz.core.plan._instructions import (
     ONCE, Edge, build_instructions, compute_order, interleave, max_live_microbatches,
 )
-from alpaviz.core.runtime._predict import predicted_timeline
+from alpaviz.core.plan._simulate import predicted_timeline
 
 PIPELINES = [(2, 4), (4, 4), (4, 8), (3, 7), (4, 2)]
 

@@ -8,7 +8,7 @@ import pytest
 import alpaviz as av
 from alpaviz.core import Layer, PredictedCost, Schedule, SolverInfo, Stage, StageCost, graph_fingerprint
 from alpaviz.core.plan._spec import shard_shape
-from alpaviz.core.runtime._timeline import Timeline, TimelineEvent
+from alpaviz.core.plan._timeline import Timeline, TimelineEvent
 from alpaviz.widgets import _edits
 from alpaviz.widgets import _html as markup
 from alpaviz.widgets import _cluster_map as cmap

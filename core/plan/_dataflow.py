@@ -18,7 +18,7 @@ import dataclasses
 from typing import Collection, Literal, Mapping
 
 from alpaviz.core.graph import OpGraph, PartialSums, Role, recompute_chain, stored_residuals, tensors_depending_on
-from alpaviz.core.runtime._schedule import Edge, is_update, update_level, update_role
+from alpaviz.core.plan._instructions import Edge, is_update, update_level, update_role
 
 PER_MICROBATCH: tuple[Role, ...] = ("forward", "backward")
 # How values made once per microbatch become one value for the step: averaged or summed (gradients,

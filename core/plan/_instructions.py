@@ -2,8 +2,8 @@
 
 The runtime executes these lists and the widgets draw them, so the order of
 work on every mesh is plain data that tests can read: how many microbatches'
-activations a stage holds, which stage waits on which.  `_predict` plays
-the same lists with a plan's predicted costs.
+activations a stage holds, which stage waits on which.  `_simulate` plays
+the same lists with a plan's predicted costs: that is the plan's price.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal, Mapping
 
-from alpaviz.core.runtime._dataflow import analyze
-from alpaviz.core.runtime._schedule import Edge, Program, build_instructions, chain_edges, interleave, is_update, timeline_kind
-from alpaviz.core.runtime._timeline import Timeline, TimelineEvent
+from alpaviz.core.plan._dataflow import analyze
+from alpaviz.core.plan._instructions import Edge, Program, build_instructions, chain_edges, interleave, is_update, timeline_kind
+from alpaviz.core.plan._timeline import Timeline, TimelineEvent
 
 
 def simulate(
