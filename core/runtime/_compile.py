@@ -21,9 +21,10 @@ from alpaviz.core.graph import (
     trace,
 )
 from alpaviz.core.intra_op import validate_plan
-from alpaviz.core.plan import Plan, check_spec, graph_fingerprint
-from alpaviz.core.plan import Dataflow, TensorEdge, analyze
-from alpaviz.core.plan import Instruction, Program, build_instructions, interleave
+from alpaviz.core.plan import (
+    analyze, build_instructions, check_spec, Dataflow, graph_fingerprint, Instruction, interleave, Plan,
+    Program, TensorEdge,
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,12 +8,10 @@ from typing import Any, Callable, Sequence
 import jax
 
 from alpaviz.core.graph import split_microbatch
-from alpaviz.core.plan import Plan
+from alpaviz.core.plan import fusable_runs, is_update, ONCE, Plan, timeline_kind, TimelineEvent
 from alpaviz.core.runtime._compile import CompiledStep, named_inputs
 from alpaviz.core.runtime._cross_mesh import move_local
-from alpaviz.core.plan import ONCE, fusable_runs, is_update, timeline_kind
 from alpaviz.core.runtime._stage_runner import StageError, StageRunner
-from alpaviz.core.plan import TimelineEvent
 
 
 class LocalEngine:

@@ -1,7 +1,7 @@
 """`av.parallelize`: run a training step exactly as a plan says, pipeline and shardings included.
 
 The step is traced once per microbatch shape; the plan's stages become
-forward/backward/update tasks (`_dataflow`), each compiled with `jax.jit` on
+forward/backward/update tasks (`alpaviz.core.plan._dataflow`), each compiled with `jax.jit` on
 its stage's `Mesh` with the plan's shardings as constraints
 (`_stage_runner`); a per-mesh instruction list (`alpaviz.core.plan._instructions`) orders them.
 
@@ -22,14 +22,12 @@ import jax
 import numpy as np
 
 from alpaviz.core.graph import OpGraph, check_int, check_same_static, split_static
-from alpaviz.core.plan import Plan
+from alpaviz.core.plan import build_instructions, interleave, Plan, Program, Timeline
 from alpaviz.core.runtime._compile import CompiledStep, check_args, check_loss_reduction, compile_step
 from alpaviz.core.runtime._local_engine import LocalEngine
 from alpaviz.core.runtime._ray_engine import RayEngine
 from alpaviz.core.runtime._transport import check_transport_name
-from alpaviz.core.plan import Program, build_instructions, interleave
 from alpaviz.core.runtime._stage_runner import StageError
-from alpaviz.core.plan import Timeline
 
 Engine = Literal["local", "ray"]
 

@@ -23,12 +23,10 @@ import jax
 import numpy as np
 
 from alpaviz.core.graph import split_microbatch
-from alpaviz.core.plan import Plan, graph_fingerprint
+from alpaviz.core.plan import graph_fingerprint, ONCE, Plan, timeline_kind, TimelineEvent
 from alpaviz.core.runtime._cross_mesh import boundary_bytes
 from alpaviz.core.runtime._host_actor import HostActor
-from alpaviz.core.plan import ONCE, timeline_kind
 from alpaviz.core.runtime._stage_runner import StageError, entering_spec
-from alpaviz.core.plan import TimelineEvent
 from alpaviz.core.runtime._transport import Transfer, check_transport_name, expecting_hosts
 
 

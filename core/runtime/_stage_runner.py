@@ -18,10 +18,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from alpaviz.core.cost import AXIS_NAMES
 from alpaviz.core.graph import OpGraph, evaluate, is_float_dtype
-from alpaviz.core.plan import Stage, check_spec, to_partition_spec
-from alpaviz.core.plan import Dataflow, TensorEdge
+from alpaviz.core.plan import check_spec, Dataflow, is_update, ONCE, Stage, TensorEdge, to_partition_spec
 from alpaviz.core.runtime._device_parts import PartEvaluator, device_parts, held_sharding, reduce_parts
-from alpaviz.core.plan import ONCE, is_update
 
 
 class StageError(RuntimeError):
