@@ -1,4 +1,4 @@
-"""Command line: `python -m alpaviz demo` and `python -m alpaviz serve`."""
+"""Command line: `python -m alpaviz demo`, `python -m alpaviz serve` and `python -m alpaviz calibrate`."""
 
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--address", default="127.0.0.1")
     serve.add_argument("--layers", type=int, default=4, help="GPT blocks of the default model")
     serve.add_argument("--solver", default=None, help="module:function to use instead of av.solve")
+    calibrate = sub.add_parser("calibrate", help="measure (or read the cached) figures of this machine's devices")
+    calibrate.add_argument("--devices", type=int, default=8, help="virtual CPU devices to measure")
+    calibrate.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
     args = parser.parse_args(argv)
     _use_virtual_cpu_devices(getattr(args, "devices", 8))
     # lazy: each command imports only its own stack (JAX for the demo, the UI for serve)
@@ -44,6 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         from alpaviz._demo import run_demo
 
         return run_demo(devices=args.devices, report_path=args.report)
+    if args.command == "calibrate":
+        from alpaviz.core.cost import calibrate as measure  # lazy: see above
+
+        print(measure(refresh=args.refresh).describe())
+        return 0
     if args.command == "serve":
         from alpaviz.widgets import serve as serve_app  # lazy: see above
 

@@ -38,6 +38,25 @@ class Calibration:
     collective_alpha_s: float  # latency of an all-reduce among all devices
     collective_bandwidth: float  # bytes/s in the alpha-beta all-reduce model
     seconds: float  # how long measuring took
+    # entry b - 1: each device's matmul rate with only the first b devices busy, over its all-busy rate
+    busy_speedup: tuple[float, ...] = ()
+    launch_s: float = 0.0  # one launch of a tiny program over all devices
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "busy_speedup", tuple(float(x) for x in self.busy_speedup))
+
+    def describe(self) -> str:
+        """The figures in a few lines, as `python -m alpaviz calibrate` prints them."""
+        curve = ", ".join(f"{b}: {x:.2f}x" for b, x in enumerate(self.busy_speedup, start=1))
+        return "\n".join((
+            f"{self.num_devices} {self.device_kind} devices (measured in {self.seconds:.1f} s)",
+            f"  matmul (f32, all busy)   {self.matmul_flops / 1e9:.1f} GFLOP/s per device",
+            f"  memory (all busy)        {self.memory_bandwidth / 1e9:.2f} GB/s per device",
+            f"  all-reduce               alpha {self.collective_alpha_s * 1e6:.0f} us, "
+            f"{self.collective_bandwidth / 1e9:.2f} GB/s",
+            f"  launch                   {self.launch_s * 1e6:.0f} us",
+            f"  speedup with b busy      {curve or 'not measured'}",
+        ))
 
 
 def calibrate(cache_dir: pathlib.Path | str | None = CACHE_DIR, refresh: bool = False) -> Calibration:
@@ -60,8 +79,10 @@ def calibrate(cache_dir: pathlib.Path | str | None = CACHE_DIR, refresh: bool = 
     flops = _matmul_flops(mesh)
     bandwidth = _memory_bandwidth(mesh)
     alpha, beta = _all_reduce(mesh)
+    speedup = _busy_speedup(devices, flops)
+    launch = _launch_s(mesh)
     result = Calibration(devices[0].platform, len(devices), flops, bandwidth, alpha, beta,
-                         time.perf_counter() - started)
+                         time.perf_counter() - started, speedup, launch)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(dataclasses.asdict(result)))
@@ -69,7 +90,7 @@ def calibrate(cache_dir: pathlib.Path | str | None = CACHE_DIR, refresh: bool = 
 
 
 def _machine_key(devices) -> str:
-    text = f"{platform.node()}|{os.cpu_count()}|{jax.__version__}|{devices[0].platform}|{len(devices)}"
+    text = f"v2|{platform.node()}|{os.cpu_count()}|{jax.__version__}|{devices[0].platform}|{len(devices)}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -91,6 +112,29 @@ def _matmul_flops(mesh: Mesh, n: int = 512) -> float:
     step = jax.jit(lambda x: jnp.einsum("bij,bjk->bik", x, x), out_shardings=shards)
     seconds = _best_time(lambda: step(a))
     return check_number("measured matmul FLOP/s", 2 * n ** 3 / seconds, positive=True)
+
+
+def _busy_speedup(devices, all_busy_flops: float) -> tuple[float, ...]:
+    """Each device's matmul rate with only the first b devices busy, over the all-busy rate, for
+    b = 1..len(devices): measured at 1, 2, 4, ... and at every device, interpolated between."""
+    d = len(devices)
+    measured = {d: 1.0}
+    b = 1
+    while b < d:
+        measured[b] = _matmul_flops(Mesh(np.asarray(devices[:b]), ("d",))) / all_busy_flops
+        b *= 2
+    counts = sorted(measured)
+    # Interpolate the time per unit of work (1 / speedup), which grows linearly with the busy
+    # devices when they share the cores evenly.
+    slowdown = [1.0 / measured[c] for c in counts]
+    return tuple(float(1.0 / np.interp(b, counts, slowdown)) for b in range(1, d + 1))
+
+
+def _launch_s(mesh: Mesh) -> float:
+    """Seconds to launch a tiny program over all devices and wait for it (the per-task fixed cost)."""
+    x = jax.device_put(jnp.ones((mesh.size, 8), jnp.float32), NamedSharding(mesh, PartitionSpec("d")))
+    step = jax.jit(lambda v: v + 1.0)
+    return check_number("measured launch cost", _best_time(lambda: step(x), repeats=50), minimum=0)
 
 
 def _memory_bandwidth(mesh: Mesh, n: int = 1 << 22) -> float:

@@ -23,7 +23,9 @@ class DeviceSpec:
 
     `peak_flops` is the 16-bit (and default) matmul peak; `fp32_peak_flops`,
     when given, the peak for 32- and 64-bit operands (tensor cores run fp32
-    matmuls as TF32 at a fraction of the 16-bit rate).
+    matmuls as TF32 at a fraction of the 16-bit rate).  `launch_s` is the
+    fixed cost of starting one executable, paid by every task a stage runs
+    (what many small microbatches add up to).
     """
 
     name: str
@@ -31,10 +33,12 @@ class DeviceSpec:
     memory_bytes: float
     memory_bandwidth: float = 1e12
     fp32_peak_flops: float | None = None
+    launch_s: float = 0.0
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "memory_bytes", "memory_bandwidth"):
             check_number(f"DeviceSpec.{field}", getattr(self, field), positive=True)
+        check_number("DeviceSpec.launch_s", self.launch_s, minimum=0)
         if self.fp32_peak_flops is not None:
             check_number("DeviceSpec.fp32_peak_flops", self.fp32_peak_flops, positive=True)
 
@@ -134,6 +138,11 @@ class Cluster:
     intra_host: Link
     inter_host: Link
     name: str = "cluster"
+    # How much faster each busy device of a host runs when only b of its devices are busy
+    # (entry b - 1), relative to the rate `device` gives with all of them busy.  Virtual CPU
+    # devices share the host's cores, so fewer busy devices each get more; GPUs share nothing
+    # of the kind: () means 1.0 at every b.
+    busy_speedup: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         check_int("Cluster.num_hosts", self.num_hosts)
@@ -143,6 +152,19 @@ class Cluster:
                 f"a cluster needs at least one host and one device per host, got "
                 f"num_hosts={self.num_hosts}, devices_per_host={self.devices_per_host}"
             )
+        if self.busy_speedup and len(self.busy_speedup) != self.devices_per_host:
+            raise ValueError(
+                f"Cluster.busy_speedup has one entry per number of busy devices (1..{self.devices_per_host}), "
+                f"got {len(self.busy_speedup)} entries; pass () when the devices share nothing"
+            )
+        for b, factor in enumerate(self.busy_speedup, start=1):
+            check_number(f"Cluster.busy_speedup[{b - 1}] (with {b} busy devices)", factor, positive=True)
+
+    def speedup(self, busy_devices: int) -> float:
+        """The rate of each busy device of a host with `busy_devices` of them busy, over its all-busy rate."""
+        if not self.busy_speedup or busy_devices < 1:
+            return 1.0
+        return self.busy_speedup[min(busy_devices, self.devices_per_host) - 1]
 
     @property
     def num_devices(self) -> int:
@@ -210,23 +232,30 @@ class Cluster:
         FLOP/s, memory bandwidth and link are measured on these devices with
         all of them busy (`calibrate()`, cached per machine in `cache_dir`):
         achieved rates, so price with `CostModel(compute_efficiency=1.0,
-        memory_efficiency=1.0)` to use them as measured.
+        memory_efficiency=1.0)` to use them as measured.  Calibration also
+        measures how much faster a device runs when fewer of them are busy
+        (`busy_speedup`: they share the host's cores) and the cost of one
+        launch (`DeviceSpec.launch_s`), which the step simulator prices.
         """
         devices = jax.local_devices()
         bandwidth, name = 2e10, f"local {len(devices)}x{devices[0].platform}"
+        speedup, launch_s = (), 0.0
         if calibrate:
             cal = measure(CACHE_DIR if cache_dir is None else cache_dir)
             peak_flops, bandwidth = cal.matmul_flops, cal.memory_bandwidth
             if math.isfinite(cal.collective_bandwidth):
                 link = Link(alpha_s=cal.collective_alpha_s, bandwidth_bytes_per_s=cal.collective_bandwidth)
+            speedup, launch_s = cal.busy_speedup, cal.launch_s
             name += " (calibrated)"
         return cls(
             num_hosts=jax.process_count(),
             devices_per_host=len(devices),
-            device=DeviceSpec(f"local-{devices[0].platform}", peak_flops, memory_bytes, bandwidth),
+            device=DeviceSpec(f"local-{devices[0].platform}", peak_flops, memory_bytes, bandwidth,
+                              launch_s=launch_s),
             intra_host=link,
             inter_host=link,
             name=name,
+            busy_speedup=speedup,
         )
 
     @classmethod

@@ -21,8 +21,8 @@ from alpaviz.core.inter_op._stage_dp import (
 )
 from alpaviz.core.inter_op._stage_profile import profiled_mesh, step_link
 from alpaviz.core.plan import (
-    InfeasiblePinsError, Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, format_bytes,
-    graph_fingerprint,
+    InfeasiblePinsError, Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, Timeline,
+    format_bytes, graph_fingerprint, predicted_timeline,
 )
 
 
@@ -39,7 +39,7 @@ def assemble_plan(
 ) -> Plan:
     """Turn a DP solution into a Plan with per-stage costs and a step-time breakdown.
 
-    The step's breakdown is `step_breakdown`'s.
+    The plan's price is its simulated step (`predicted_timeline`); the breakdown is `step_breakdown`'s.
     """
     profiles = setup.profiles
     n = len(solution.stages)
@@ -48,8 +48,6 @@ def assemble_plan(
         stage, layer_statuses = _stage(setup, i, choice, first, in_flight(i, n, num_microbatches, schedule))
         stages.append(stage)
         statuses |= layer_statuses
-    predicted = step_breakdown([s.cost for s in stages], num_microbatches, solution.objective_s,
-                               setup.memory_limit_bytes)
     if "time_limited" in statuses:
         status = "time_limited"
     elif not exact or statuses - {"optimal", "pinned"}:
@@ -64,13 +62,16 @@ def assemble_plan(
             priced[l] = (p.compute_s, p.communication_s, p.resharding_s, p.memory.peak)
     layers = tuple(Layer(v.index, v.nodes, v.flops, *priced.get(v.index, (0.0, 0.0, 0.0, 0.0)))
                    for v in profiles.layers)
-    return Plan(
+    unpriced = PredictedCost(solution.objective_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, setup.memory_limit_bytes)
+    plan = Plan(
         model=setup.graph.name, graph_fingerprint=graph_fingerprint(setup.graph), cluster=setup.cluster,
         cost_model=setup.cost_model, layers=layers, stages=tuple(stages),
-        schedule=Schedule(schedule, num_microbatches), predicted=predicted, pins=pins,
+        schedule=Schedule(schedule, num_microbatches), predicted=unpriced, pins=pins,
         solver=SolverInfo(status=status, seconds=seconds, objective=solution.objective_s, notes=tuple(notes),
                           timings=tuple(timings)),
     )
+    timeline = predicted_timeline(plan, setup.graph)
+    return dataclasses.replace(plan, predicted=step_breakdown(plan.stages, timeline, setup.memory_limit_bytes))
 
 
 def _stage(setup: SolveSetup, i: int, choice: StageChoice, first: int, kept_in_flight: int) -> tuple[Stage, set[str]]:
@@ -119,35 +120,37 @@ def _stage(setup: SolveSetup, i: int, choice: StageChoice, first: int, kept_in_f
     return stage, {p.status for _, p in rows}
 
 
-def step_breakdown(costs: Sequence[StageCost], num_microbatches: int, step_s: float,
-                   memory_limit_bytes: float) -> PredictedCost:
-    """Where the step's time goes, along its critical path: the slowest stage runs every microbatch.
+def step_breakdown(stages: Sequence[Stage], timeline: Timeline, memory_limit_bytes: float) -> PredictedCost:
+    """The step's price and where its time goes, read from the simulated step (`timeline`).
 
-    Per-microbatch terms count `num_microbatches` times, once-per-step ones
-    (the updates, the gradient reductions) once: `compute_s` is the slowest
-    stage's computation per microbatch times the count plus the updates'
-    computation, `communication_s` likewise with its collectives and the
-    once-per-step reductions, `cross_stage_s` its boundary transfers over all
-    microbatches, and `bubble_s` the fill and drain (the other stages' times).
-    The five add up to `step_s`.
+    `step_time_s` is the timeline's end: the plan's price is the simulation
+    of its own instruction lists.  The rest follows the busiest stage: its
+    forward and backward time split into computation, collectives and
+    resharding in the proportions its cost has, its sends as `cross_stage_s`,
+    its update split into computation and once-per-step reductions, and its
+    idle time as `bubble_s`.  The five add up to `step_time_s`.
     """
-    b = num_microbatches
-    slowest = max(costs, key=lambda c: c.microbatch_s)
-    bubble = sum(c.microbatch_s for c in costs) - slowest.microbatch_s
-    recv = slowest.recv_forward_s + slowest.recv_backward_s
-    per_mb_comm = max(slowest.communication_s - slowest.step_communication_s - recv, 0.0)
-    per_mb_compute = max(slowest.microbatch_s - recv - per_mb_comm - slowest.resharding_s, 0.0)
-    tail = max(step_s - b * slowest.microbatch_s - bubble, 0.0)  # the once-per-step work on the path
-    updates = sum(c.update_s for c in costs)
-    tail_comm = tail * min(sum(c.step_communication_s for c in costs) / updates, 1.0) if updates > 0 else 0.0
+    busiest = max(range(len(stages)), key=timeline.busy_s)
+    c = stages[busiest].cost
+    spent = {"microbatch": 0.0, "send": 0.0, "update": 0.0}
+    for e in timeline.events:
+        if e.stage == busiest and e.kind != "recv":
+            spent["microbatch" if e.kind in ("forward", "backward") else e.kind] += e.duration_s
+    recv = c.recv_forward_s + c.recv_backward_s
+    comm = max(c.communication_s - c.step_communication_s - recv, 0.0)
+    compute = max(c.microbatch_s - recv - comm - c.resharding_s, 0.0)
+    priced = compute + comm + c.resharding_s
+    scale = spent["microbatch"] / priced if priced > 0 else 0.0
+    update_comm = spent["update"] * min(c.step_communication_s / c.update_s, 1.0) if c.update_s > 0 else 0.0
+    step_s = timeline.total_s
     return PredictedCost(
         step_time_s=step_s,
-        compute_s=b * per_mb_compute + tail - tail_comm,
-        communication_s=b * per_mb_comm + tail_comm,
-        resharding_s=b * slowest.resharding_s,
-        cross_stage_s=b * recv,
-        bubble_s=bubble,
-        max_memory_bytes=max(c.memory_bytes for c in costs),
+        compute_s=compute * scale + spent["update"] - update_comm,
+        communication_s=comm * scale + update_comm,
+        resharding_s=c.resharding_s * scale,
+        cross_stage_s=spent["send"],
+        bubble_s=max(step_s - sum(spent.values()), 0.0),
+        max_memory_bytes=max(s.cost.memory_bytes for s in stages),
         memory_limit_bytes=memory_limit_bytes,
     )
 

@@ -2,11 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal, Mapping
 
 from alpaviz.core.plan._dataflow import analyze
-from alpaviz.core.plan._instructions import Edge, Program, build_instructions, chain_edges, interleave, is_update, timeline_kind
+from alpaviz.core.plan._instructions import (
+    Edge, Instruction, Program, build_instructions, chain_edges, is_update, timeline_kind,
+)
+from alpaviz.core.plan._shared_hardware import SharedHardware
 from alpaviz.core.plan._timeline import Timeline, TimelineEvent
+
+
+@dataclasses.dataclass
+class _Task:
+    """A RUN or SEND in progress: a fixed part (the launch) first, then work shared with others."""
+
+    ins: Instruction
+    start_s: float
+    fixed_s: float
+    work_s: float
+    links: tuple = ()
+
+    @property
+    def computing(self) -> bool:
+        return self.ins.op == "run" and self.fixed_s <= 0.0
 
 
 def simulate(
@@ -17,42 +36,114 @@ def simulate(
     num_microbatches: int,
     source: Literal["predicted", "measured"] = "predicted",
     hardware: str = "",
+    shared: SharedHardware | None = None,
 ) -> Timeline:
-    """Play the lists with fixed durations: RUN takes `run_s[(stage, role)]`; a SEND occupies
-    the sender for `transfer_s[(src, src_role, dst, dst_role)]` and its RECV waits for arrival."""
-    clock = [0.0] * len(program)
-    arrival: dict[tuple, tuple[float, float]] = {}
+    """Play the lists as events on shared resources.
+
+    A RUN takes the launch cost, then `run_s[(stage, role)]` of work at the
+    rate its devices get while the other stages' devices are busy too (see
+    `SharedHardware`); a SEND occupies the sender for
+    `transfer_s[(src, src_role, dst, dst_role)]`, stretched while other
+    transfers share its link, and its RECV waits for arrival.  Without
+    `shared` nothing is shared and nothing is launched: fixed durations.
+    """
+    n = len(program)
+    cursor = [0] * n
+    active: dict[int, _Task] = {}
+    sent_at: dict[tuple, float] = {}
+    arrived: dict[tuple, float] = {}
+    reached: dict[int, float] = {}  # when a stage began waiting at a RECV
     events: list[TimelineEvent] = []
-    for ins in interleave(program):
-        s = ins.stage
-        mb = ins.microbatch
-        if ins.op == "run":
-            start = clock[s]
-            clock[s] = start + run_s.get((s, ins.role), 0.0)
-            if clock[s] > start or not is_update(ins.role):
-                events.append(TimelineEvent(s, mb, timeline_kind(ins.role), start, clock[s]))
-        elif ins.op == "send":
-            start = clock[s]
-            duration = transfer_s.get(ins.transfer_key[:4], 0.0)
-            clock[s] = start + duration
-            arrival[ins.transfer_key] = (start, clock[s])
-            if duration > 0:
-                events.append(TimelineEvent(s, mb, "send", start, clock[s]))
-        elif ins.op == "recv":
-            sent_at, arrived = arrival[ins.transfer_key]
-            start = max(clock[s], sent_at)
-            end = max(clock[s], arrived)
-            if end > clock[s]:
-                events.append(TimelineEvent(s, mb, "recv", start, end))
-            clock[s] = end
+    now = 0.0
+    launch_s = 0.0 if shared is None else shared.launch_s
+
+    def finish(s: int, task: _Task) -> None:
+        ins = task.ins
+        if ins.op == "send":
+            arrived[ins.transfer_key] = now
+            if now > task.start_s:
+                events.append(TimelineEvent(s, ins.microbatch, "send", task.start_s, now))
+        elif now > task.start_s or not is_update(ins.role):
+            events.append(TimelineEvent(s, ins.microbatch, timeline_kind(ins.role), task.start_s, now))
+
+    while True:
+        moved = True
+        while moved:  # every idle stage goes as far as it can at `now`; a SEND may free another's RECV
+            moved = False
+            for s in range(n):
+                while s not in active and cursor[s] < len(program[s]):
+                    ins = program[s][cursor[s]]
+                    if ins.op == "recv":
+                        key = ins.transfer_key
+                        if key not in arrived:
+                            reached.setdefault(s, now)
+                            break
+                        waited_from = max(reached.pop(s, now), sent_at[key])
+                        if now > waited_from:
+                            events.append(TimelineEvent(s, ins.microbatch, "recv", waited_from, now))
+                    elif ins.op == "run":
+                        work = run_s.get((s, ins.role), 0.0)
+                        task = _Task(ins, now, launch_s if work > 0 else 0.0, work)
+                        if task.fixed_s + task.work_s > 0:
+                            active[s] = task
+                        else:
+                            finish(s, task)
+                    elif ins.op == "send":
+                        sent_at[ins.transfer_key] = now
+                        task = _Task(ins, now, 0.0, transfer_s.get(ins.transfer_key[:4], 0.0),
+                                     () if shared is None else shared.links(s, ins.peer))
+                        if task.work_s > 0:
+                            active[s] = task
+                        else:
+                            finish(s, task)
+                    cursor[s] += 1
+                    moved = True
+        if not active:
+            break
+        rates = _rates(active, shared)
+        step = min(t.fixed_s if t.fixed_s > 0 else t.work_s / rates[s] for s, t in active.items())
+        now += step
+        for s, task in list(active.items()):
+            if task.fixed_s > 0:
+                task.fixed_s = 0.0 if task.fixed_s <= step * (1 + 1e-12) else task.fixed_s - step
+            else:
+                left = task.work_s - step * rates[s]
+                task.work_s = 0.0 if left <= task.work_s * 1e-12 + 1e-18 else left
+            if task.fixed_s <= 0 and task.work_s <= 0:
+                del active[s]
+                finish(s, task)
+    stuck = {s: str(program[s][c]) for s, c in enumerate(cursor) if c < len(program[s])}
+    if stuck:
+        raise ValueError(f"the instruction lists deadlock; each mesh waits at {stuck}")
     return Timeline(
-        events=tuple(events),
-        num_stages=len(program),
+        events=tuple(sorted(events, key=lambda e: (e.start_s, e.stage))),
+        num_stages=n,
         num_microbatches=num_microbatches,
         schedule=schedule,
         source=source,
         hardware=hardware,
     )
+
+
+def _rates(active: Mapping[int, _Task], shared: SharedHardware | None) -> dict[int, float]:
+    """Each task's rate of work now: computing stages share their hosts' cores, transfers their links."""
+    if shared is None:
+        return {s: 1.0 for s in active}
+    busy: dict[int, int] = {}
+    on_link: dict = {}
+    for s, task in active.items():
+        if task.computing:
+            for host, count in shared.stage_hosts[s]:
+                busy[host] = busy.get(host, 0) + count
+        for link in task.links:
+            on_link[link] = on_link.get(link, 0) + 1
+    rates = {}
+    for s, task in active.items():
+        if task.ins.op == "run":
+            rates[s] = shared.speedup(s, busy)
+        else:
+            rates[s] = 1.0 / max((on_link[link] for link in task.links), default=1)
+    return rates
 
 
 def predicted_timeline(plan, graph=None) -> Timeline:
@@ -71,6 +162,13 @@ def predicted_timeline(plan, graph=None) -> Timeline:
         >>> timeline = av.predicted_timeline(plan)
         >>> timeline.bubble_fraction
     """
+    program, run_s, transfer_s = plan_program(plan, graph)
+    return simulate(program, run_s, transfer_s, plan.schedule.kind, plan.schedule.num_microbatches,
+                    hardware=plan.cluster.name, shared=SharedHardware.of_plan(plan))
+
+
+def plan_program(plan, graph=None) -> tuple[Program, dict, dict]:
+    """The plan's instruction lists with each RUN's and each SEND's priced seconds (see `predicted_timeline`)."""
     n, m = plan.num_stages, plan.schedule.num_microbatches
     receive, run_s = {}, {}
     for stage in plan.stages:
@@ -90,5 +188,4 @@ def predicted_timeline(plan, graph=None) -> Timeline:
         for e in into:
             share = e.nbytes / total if total > 0 else 1.0 / len(into)
             transfer_s[(e.src_stage, e.src_role, e.dst_stage, e.dst_role)] = receive.get(key, 0.0) * share
-    program = build_instructions(plan.schedule.kind, n, m, edges)
-    return simulate(program, run_s, transfer_s, plan.schedule.kind, m, hardware=plan.cluster.name)
+    return build_instructions(plan.schedule.kind, n, m, edges), run_s, transfer_s

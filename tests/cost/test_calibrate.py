@@ -33,3 +33,28 @@ def test_a_calibrated_local_cluster_carries_the_measurement(tmp_path):
     assert cluster.intra_host.bandwidth_bytes_per_s == measured.collective_bandwidth
     assert cluster.name.endswith("(calibrated)")
     assert av.Cluster.local().device.peak_flops == 5e10  # nominal figures unless asked
+
+
+def test_calibration_measures_how_the_devices_share_the_host(tmp_path):
+    measured = calibrate(cache_dir=tmp_path)
+    curve = measured.busy_speedup
+    assert len(curve) == 8 and curve[-1] == 1.0
+    # 8 virtual devices on this 2-core machine: one busy device runs several times faster than
+    # each of 8 busy ones, and fewer busy devices never run slower than more
+    assert curve[0] > 2.0
+    assert all(a >= b * 0.8 for a, b in zip(curve, curve[1:]))
+    assert 0 < measured.launch_s < 0.05
+    cluster = av.Cluster.local(calibrate=True, cache_dir=tmp_path)
+    assert cluster.busy_speedup == curve and cluster.device.launch_s == measured.launch_s
+    assert cluster.speedup(1) == curve[0] and cluster.speedup(8) == 1.0
+    text = measured.describe()
+    assert "launch" in text and f"1: {curve[0]:.2f}x" in text
+    assert av.Cluster.local().speedup(1) == 1.0  # nominal clusters share nothing
+
+
+def test_a_speedup_curve_of_the_wrong_length_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="one entry per number of busy devices"):
+        av.Cluster(1, 4, av.Cluster.local().device, av.Cluster.local().intra_host,
+                   av.Cluster.local().inter_host, busy_speedup=(2.0, 1.0))

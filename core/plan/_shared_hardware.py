@@ -1,0 +1,60 @@
+"""What the stages of a plan share while a step runs: each host's cores and each network link.
+
+The stage costs are priced at the rate a device gets with every device of its
+host busy (that is how the local devices are calibrated).  While a step runs,
+fewer may be busy: virtual CPU devices then share the host's cores among
+fewer and each runs faster (`Cluster.busy_speedup`); GPUs share nothing of
+the kind, so their speedup is 1.  Transfers that cross the same host's
+network link at once, in the same direction, split its bandwidth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from alpaviz.core.cost import Cluster
+
+LinkId = tuple[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedHardware:
+    """Where each stage's devices sit (host -> how many) on `cluster`, for the step simulator."""
+
+    cluster: Cluster
+    stage_hosts: tuple[tuple[tuple[int, int], ...], ...]
+
+    @classmethod
+    def of(cls, cluster: Cluster, stage_device_ids) -> "SharedHardware":
+        """From each stage's global device ids."""
+        per_host = cluster.devices_per_host
+        stage_hosts = []
+        for ids in stage_device_ids:
+            counts: dict[int, int] = {}
+            for d in ids:
+                counts[d // per_host] = counts.get(d // per_host, 0) + 1
+            stage_hosts.append(tuple(sorted(counts.items())))
+        return cls(cluster, tuple(stage_hosts))
+
+    @classmethod
+    def of_plan(cls, plan) -> "SharedHardware":
+        """The plan's stages on the plan's cluster."""
+        return cls.of(plan.cluster, [s.device_ids for s in plan.stages])
+
+    @property
+    def launch_s(self) -> float:
+        """The fixed cost of starting one task's executable."""
+        return self.cluster.device.launch_s
+
+    def speedup(self, stage: int, busy_by_host: dict[int, int]) -> float:
+        """The rate of `stage`'s work, over its priced rate, with `busy_by_host` devices busy on each host."""
+        return min(self.cluster.speedup(busy_by_host.get(h, 0)) for h, _ in self.stage_hosts[stage])
+
+    def links(self, src: int, dst: int) -> tuple[LinkId, ...]:
+        """The shared links a transfer from stage `src` to stage `dst` occupies: across hosts, the
+        sending host's way out and the receiving host's way in (a network link carries both directions
+        at full rate); inside a host, none (each pair of devices has its own path)."""
+        src_host, dst_host = self.stage_hosts[src][0][0], self.stage_hosts[dst][0][0]
+        if src_host == dst_host:
+            return ()
+        return (("out", src_host), ("in", dst_host))

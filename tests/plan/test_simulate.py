@@ -1,0 +1,79 @@
+"""The step simulator on hand-built cases: devices that share a host's cores, and transfers that share a link."""
+
+import dataclasses
+
+import pytest
+
+import alpaviz as av
+from alpaviz.core.plan._instructions import Edge, Instruction, build_instructions
+from alpaviz.core.plan._shared_hardware import SharedHardware
+from alpaviz.core.plan._simulate import simulate
+
+
+def _cluster(num_hosts: int, per_host: int, speedup=(), launch_s: float = 0.0) -> av.Cluster:
+    base = av.Cluster.local()
+    device = dataclasses.replace(base.device, launch_s=launch_s)
+    return av.Cluster(num_hosts, per_host, device, base.intra_host, base.inter_host, busy_speedup=speedup)
+
+
+def _run(stage: int, role: str = "forward") -> Instruction:
+    return Instruction("run", stage, role, 0)
+
+
+def _end(program, run_s, transfer_s=None, shared=None) -> float:
+    return simulate(program, run_s, transfer_s or {}, "1f1b", 1, shared=shared).total_s
+
+
+def test_two_stages_sharing_one_core_run_at_half_rate():
+    # one core, two devices: a device alone runs twice as fast as each of two busy ones (the priced rate)
+    shared = SharedHardware.of(_cluster(1, 2, speedup=(2.0, 1.0)), [(0,), (1,)])
+    program = ((_run(0),), (_run(1),))
+    assert _end(program, {(0, "forward"): 1.0, (1, "forward"): 1.0}, shared=shared) == pytest.approx(1.0)
+    assert _end(((_run(0),), ()), {(0, "forward"): 1.0}, shared=shared) == pytest.approx(0.5)
+    # once the shorter finishes, the longer has the core to itself: 1 s together, then 1 s of work at 2x
+    timeline = simulate(program, {(0, "forward"): 1.0, (1, "forward"): 2.0}, {}, "1f1b", 1, shared=shared)
+    ends = sorted(e.end_s for e in timeline.events)
+    assert ends == pytest.approx([1.0, 1.5])
+    # devices that share nothing (the default, GPUs) run at the priced rate whatever else is busy
+    assert _end(program, {(0, "forward"): 1.0, (1, "forward"): 2.0},
+                shared=SharedHardware.of(_cluster(1, 2), [(0,), (1,)])) == pytest.approx(2.0)
+
+
+def test_a_pipeline_with_idle_stages_gives_the_busy_stage_the_cores():
+    # four stages of one device each on a host whose cores four busy devices share evenly
+    shared = SharedHardware.of(_cluster(1, 4, speedup=(4.0, 2.0, 4 / 3, 1.0)), [(d,) for d in range(4)])
+    program = build_instructions("1f1b", 4, 1)  # one microbatch: only one stage works at a time
+    run_s = {(s, role): t for s in range(4) for role, t in (("forward", 1.0), ("backward", 2.0))}
+    assert _end(program, run_s) == pytest.approx(12.0)  # priced at the all-busy rate
+    assert _end(program, run_s, shared=shared) == pytest.approx(3.0)  # each task runs alone, 4x faster
+
+
+def test_a_link_shared_by_two_transfers_halves_each():
+    # stages 0 and 1 on host 0 both send to stage 2 on host 1 at once: host 0's way out is shared
+    edges = (Edge(0, "forward", 2, "forward", 1.0), Edge(1, "forward", 2, "forward", 1.0))
+    program = build_instructions("gpipe", 3, 1, edges)
+    transfer_s = {(0, "forward", 2, "forward"): 1.0, (1, "forward", 2, "forward"): 1.0}
+    shared = SharedHardware.of(_cluster(2, 2), [(0,), (1,), (2, 3)])
+    timeline = simulate(program, {}, transfer_s, "gpipe", 1, shared=shared)
+    sends = [e for e in timeline.events if e.kind == "send"]
+    assert len(sends) == 2 and all(e.duration_s == pytest.approx(2.0) for e in sends)
+    assert _end(program, {}, transfer_s) == pytest.approx(1.0)  # unshared: both at full rate
+    # inside one host each pair of devices has its own path
+    inside = SharedHardware.of(_cluster(1, 4), [(0,), (1,), (2, 3)])
+    assert _end(program, {}, transfer_s, shared=inside) == pytest.approx(1.0)
+
+
+def test_every_task_pays_the_launch_cost():
+    shared = SharedHardware.of(_cluster(1, 2, launch_s=0.25), [(0,), (1,)])
+    program = build_instructions("1f1b", 2, 3)
+    run_s = {(s, role): 1.0 for s in range(2) for role in ("forward", "backward")}
+    unlaunched = _end(program, run_s)
+    # 2 stages x 3 microbatches x (forward + backward); the critical path has m + n - 1 = 4 of each
+    assert unlaunched == pytest.approx(8.0)
+    assert _end(program, run_s, shared=shared) == pytest.approx(8.0 + 8 * 0.25)
+
+
+def test_lists_that_deadlock_are_refused():
+    program = ((Instruction("recv", 0, "forward", 0, 1, "forward"),), ())
+    with pytest.raises(ValueError, match="deadlock"):
+        simulate(program, {}, {}, "1f1b", 1)
