@@ -60,7 +60,9 @@ def single_device_cluster():
     import alpaviz as av
 
     local = av.Cluster.local(calibrate=True)
-    return dataclasses.replace(local, num_hosts=1, devices_per_host=1, name=f"{local.name}, one device")
+    one_busy = local.busy_speedup[:1]  # the curve's one-busy-device point, if it has one
+    return dataclasses.replace(local, num_hosts=1, devices_per_host=1, busy_speedup=one_busy,
+                               name=f"{local.name}, one device")
 
 
 def block_times(cluster, hidden: int, heads: int, seq: int, batch: int, dtype, repeats: int) -> dict[str, float]:

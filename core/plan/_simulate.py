@@ -47,82 +47,99 @@ def simulate(
     transfers share its link, and its RECV waits for arrival.  Without
     `shared` nothing is shared and nothing is launched: fixed durations.
     """
-    n = len(program)
-    cursor = [0] * n
-    active: dict[int, _Task] = {}
-    sent_at: dict[tuple, float] = {}
-    arrived: dict[tuple, float] = {}
-    reached: dict[int, float] = {}  # when a stage began waiting at a RECV
-    events: list[TimelineEvent] = []
-    now = 0.0
-    launch_s = 0.0 if shared is None else shared.launch_s
+    player = _Player(program, run_s, transfer_s, shared)
+    player.advance()
+    while player.active:
+        player.step()
+        player.advance()
+    stuck = {s: str(program[s][c]) for s, c in enumerate(player.cursor) if c < len(program[s])}
+    if stuck:
+        raise ValueError(f"the instruction lists deadlock; each mesh waits at {stuck}")
+    return Timeline(
+        events=tuple(sorted(player.events, key=lambda e: (e.start_s, e.stage))),
+        num_stages=len(program),
+        num_microbatches=num_microbatches,
+        schedule=schedule,
+        source=source,
+        hardware=hardware,
+    )
 
-    def finish(s: int, task: _Task) -> None:
-        ins = task.ins
-        if ins.op == "send":
-            arrived[ins.transfer_key] = now
-            if now > task.start_s:
-                events.append(TimelineEvent(s, ins.microbatch, "send", task.start_s, now))
-        elif now > task.start_s or not is_update(ins.role):
-            events.append(TimelineEvent(s, ins.microbatch, timeline_kind(ins.role), task.start_s, now))
 
-    while True:
+class _Player:
+    """The simulation's state: where each stage's list stands, the tasks in progress, what has arrived."""
+
+    def __init__(self, program: Program, run_s, transfer_s, shared: SharedHardware | None) -> None:
+        self.program, self.run_s, self.transfer_s, self.shared = program, run_s, transfer_s, shared
+        self.launch_s = 0.0 if shared is None else shared.launch_s
+        self.cursor = [0] * len(program)
+        self.active: dict[int, _Task] = {}
+        self.sent_at: dict[tuple, float] = {}
+        self.arrived: dict[tuple, float] = {}
+        self.reached: dict[int, float] = {}  # when a stage began waiting at a RECV
+        self.events: list[TimelineEvent] = []
+        self.now = 0.0
+
+    def advance(self) -> None:
+        """Every idle stage goes as far as it can now; a SEND may free another's RECV, so repeat."""
         moved = True
-        while moved:  # every idle stage goes as far as it can at `now`; a SEND may free another's RECV
+        while moved:
             moved = False
-            for s in range(n):
-                while s not in active and cursor[s] < len(program[s]):
-                    ins = program[s][cursor[s]]
-                    if ins.op == "recv":
-                        key = ins.transfer_key
-                        if key not in arrived:
-                            reached.setdefault(s, now)
-                            break
-                        waited_from = max(reached.pop(s, now), sent_at[key])
-                        if now > waited_from:
-                            events.append(TimelineEvent(s, ins.microbatch, "recv", waited_from, now))
-                    elif ins.op == "run":
-                        work = run_s.get((s, ins.role), 0.0)
-                        task = _Task(ins, now, launch_s if work > 0 else 0.0, work)
-                        if task.fixed_s + task.work_s > 0:
-                            active[s] = task
-                        else:
-                            finish(s, task)
-                    elif ins.op == "send":
-                        sent_at[ins.transfer_key] = now
-                        task = _Task(ins, now, 0.0, transfer_s.get(ins.transfer_key[:4], 0.0),
-                                     () if shared is None else shared.links(s, ins.peer))
-                        if task.work_s > 0:
-                            active[s] = task
-                        else:
-                            finish(s, task)
-                    cursor[s] += 1
+            for s in range(len(self.program)):
+                while s not in self.active and self.cursor[s] < len(self.program[s]):
+                    if not self._begin(s, self.program[s][self.cursor[s]]):
+                        break
+                    self.cursor[s] += 1
                     moved = True
-        if not active:
-            break
-        rates = _rates(active, shared)
-        step = min(t.fixed_s if t.fixed_s > 0 else t.work_s / rates[s] for s, t in active.items())
-        now += step
-        for s, task in list(active.items()):
+
+    def _begin(self, s: int, ins: Instruction) -> bool:
+        """Start `ins` on stage `s`; False when it is a RECV whose data has not arrived."""
+        if ins.op == "recv":
+            key = ins.transfer_key
+            if key not in self.arrived:
+                self.reached.setdefault(s, self.now)
+                return False
+            waited_from = max(self.reached.pop(s, self.now), self.sent_at[key])
+            if self.now > waited_from:
+                self.events.append(TimelineEvent(s, ins.microbatch, "recv", waited_from, self.now))
+            return True
+        if ins.op == "free":
+            return True
+        if ins.op == "run":
+            work = self.run_s.get((s, ins.role), 0.0)
+            task = _Task(ins, self.now, self.launch_s if work > 0 else 0.0, work)
+        else:
+            self.sent_at[ins.transfer_key] = self.now
+            links = () if self.shared is None else self.shared.links(s, ins.peer)
+            task = _Task(ins, self.now, 0.0, self.transfer_s.get(ins.transfer_key[:4], 0.0), links)
+        if task.fixed_s + task.work_s > 0:
+            self.active[s] = task
+        else:
+            self._finish(s, task)
+        return True
+
+    def step(self) -> None:
+        """Move time to the next task's end at the current rates, and finish it."""
+        rates = _rates(self.active, self.shared)
+        step = min(t.fixed_s if t.fixed_s > 0 else t.work_s / rates[s] for s, t in self.active.items())
+        self.now += step
+        for s, task in list(self.active.items()):
             if task.fixed_s > 0:
                 task.fixed_s = 0.0 if task.fixed_s <= step * (1 + 1e-12) else task.fixed_s - step
             else:
                 left = task.work_s - step * rates[s]
                 task.work_s = 0.0 if left <= task.work_s * 1e-12 + 1e-18 else left
             if task.fixed_s <= 0 and task.work_s <= 0:
-                del active[s]
-                finish(s, task)
-    stuck = {s: str(program[s][c]) for s, c in enumerate(cursor) if c < len(program[s])}
-    if stuck:
-        raise ValueError(f"the instruction lists deadlock; each mesh waits at {stuck}")
-    return Timeline(
-        events=tuple(sorted(events, key=lambda e: (e.start_s, e.stage))),
-        num_stages=n,
-        num_microbatches=num_microbatches,
-        schedule=schedule,
-        source=source,
-        hardware=hardware,
-    )
+                del self.active[s]
+                self._finish(s, task)
+
+    def _finish(self, s: int, task: _Task) -> None:
+        ins, now = task.ins, self.now
+        if ins.op == "send":
+            self.arrived[ins.transfer_key] = now
+            if now > task.start_s:
+                self.events.append(TimelineEvent(s, ins.microbatch, "send", task.start_s, now))
+        elif now > task.start_s or not is_update(ins.role):
+            self.events.append(TimelineEvent(s, ins.microbatch, timeline_kind(ins.role), task.start_s, now))
 
 
 def _rates(active: Mapping[int, _Task], shared: SharedHardware | None) -> dict[int, float]:
