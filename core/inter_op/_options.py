@@ -38,6 +38,9 @@ class SolveOptions:
     * `profile`: measure each candidate on the local devices instead of pricing it.
     * `submeshes`: the submesh shapes stages may take (default: all the cluster allows).
     * `tolerance`: the optimality gap the stage DP may leave (0: exact).
+    * `simulated_layouts`: how many of the stage DP's layouts the step simulator prices (the DP's best
+      under its closed form, then the best it found for each other stage count); the fastest simulated
+      step is the plan.  1 leaves the choice to the closed form.
     * `previous`: a plan of the same graph; ties break towards its stages, so a pin moves only what it must.
     * `workers`: processes that profile layers, or a running `ProfileWorkers` pool shared across solves.
     * `global_batch_argnums`: the arguments that hold the global batch, split into microbatches before tracing.
@@ -58,6 +61,7 @@ class SolveOptions:
     profile: bool = False
     submeshes: tuple[tuple[int, int], ...] | None = None
     tolerance: float = 0.0
+    simulated_layouts: int = 8
     previous: Plan | None = dataclasses.field(default=None, compare=False)
     workers: int | ProfileWorkers = dataclasses.field(default=1, compare=False)
     global_batch_argnums: tuple[int, ...] = ()
@@ -83,6 +87,7 @@ class SolveOptions:
         else:
             self.workers.check_open()
         check_number("tolerance", self.tolerance, minimum=0)
+        check_int("simulated_layouts", self.simulated_layouts, minimum=1)
         if self.submeshes is not None:
             set_("submeshes", tuple(tuple(s) if isinstance(s, (tuple, list)) else s for s in self.submeshes))
         set_("global_batch_argnums", tuple(self.global_batch_argnums))

@@ -59,14 +59,35 @@ def solve(
     notes = (
         f"stage costs: {setup.stage_cost_name}",
         f"t_max candidates tried: {solution.candidates_tried} of {solution.candidates_total} (branch and bound; "
-        f"the stages are {gap} for these profiles)",
+        f"the stages are {gap} for the closed form sum(t_i + u_i) + (B-1) max(t_i) on these profiles)",
         "stage cost = sum of its layers' costs + boundary send/recv (no resharding inside a stage)",
         *control_flow_notes(setup.graph),
     )
+
+    def assemble(proposal, extra_notes=(), timings=()):
+        return assemble_plan(setup, proposal, options.pins, options.num_microbatches, options.schedule,
+                             time.perf_counter() - started, (*notes, *extra_notes), exact=options.tolerance == 0,
+                             timings=timings)
+
+    plans = [assemble(proposal) for proposal in solution.proposals()]
+    fastest = min(range(len(plans)), key=lambda i: (plans[i].predicted.step_time_s, i))
     timings = (f"profiling {profiled_at - started:.2f} s ({setup.profiles.profiled} layer profiles computed, "
-               f"the rest from the cache), DP {solved_at - profiled_at:.2f} s",)
-    return assemble_plan(setup, solution, options.pins, options.num_microbatches, options.schedule,
-                         time.perf_counter() - started, notes, exact=options.tolerance == 0, timings=timings)
+               f"the rest from the cache), DP {solved_at - profiled_at:.2f} s, "
+               f"simulation {time.perf_counter() - solved_at:.2f} s",)
+    return assemble(solution.proposals()[fastest], _choice_notes(plans, fastest), timings)
+
+
+def _choice_notes(plans: list[Plan], fastest: int) -> tuple[str, ...]:
+    """What the step simulator chose among the layouts the stage DP proposed."""
+    if len(plans) == 1:
+        return ("the step simulator priced the stage DP's one layout",)
+    stages = lambda plan: f"{plan.num_stages} stage{'s' * (plan.num_stages != 1)}"  # noqa: E731
+    priced = ", ".join(f"{stages(p)} {p.predicted.step_time_s * 1e3:.4g} ms" for p in plans)
+    why = ("the closed form's best" if fastest == 0
+           else f"faster than the closed form's best ({stages(plans[0])}) by "
+                f"{plans[0].predicted.step_time_s / plans[fastest].predicted.step_time_s - 1:.1%}")
+    return (f"the step simulator priced {len(plans)} layouts the stage DP proposed ({priced}); the plan is the "
+            f"fastest, {why}",)
 
 
 def _stage_dp(setup: SolveSetup, options: SolveOptions) -> StageSolution:
@@ -77,7 +98,7 @@ def _stage_dp(setup: SolveSetup, options: SolveOptions) -> StageSolution:
         return solve_stages(
             setup.table, setup.cluster.num_devices, options.num_microbatches, options.schedule,
             setup.memory_limit_bytes, constraints, tolerance=options.tolerance,
-            prefer=_stages_of(options.previous, setup), on_candidate=bar.tick,
+            prefer=_stages_of(options.previous, setup), on_candidate=bar.tick, proposals=options.simulated_layouts,
         )
     except NoStagePlanError:
         raise diagnose(setup, options.pins, options.num_microbatches, options.schedule) from None

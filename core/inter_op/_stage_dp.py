@@ -36,6 +36,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from alpaviz.core.inter_op._t_max_search import propose_layouts, search_t_max
 from alpaviz.core.plan import ScheduleKind
 
 
@@ -179,6 +180,13 @@ class StageSolution:
     t_max_s: float
     candidates_tried: int
     candidates_total: int
+    # Other layouts for the step simulator to price, in the closed form's order: each the best the
+    # search found for one other stage count.
+    alternatives: tuple["StageSolution", ...] = ()
+
+    def proposals(self) -> tuple["StageSolution", ...]:
+        """This layout, then its alternatives (each with none of its own)."""
+        return (dataclasses.replace(self, alternatives=()), *self.alternatives)
 
 
 class NoStagePlanError(ValueError):
@@ -209,6 +217,7 @@ def solve_stages(
     tolerance: float = 0.0,
     on_candidate: Callable[[int, int], None] | None = None,
     prefer: Sequence[StageChoice] = (),
+    proposals: int = 1,
 ) -> StageSolution:
     """Slice the layers into stages on meshes covering exactly `num_devices`, minimising latency.
 
@@ -217,7 +226,8 @@ def solve_stages(
     `1 + tolerance` of the optimum (0 keeps the search exact).
     `on_candidate(tried, total)` reports progress.  Among (near-)equal
     solutions the DP keeps the stages listed in `prefer` (e.g. the previous
-    plan's), so a new pin moves only what it must.
+    plan's), so a new pin moves only what it must.  With `proposals` > 1 the
+    answer carries up to that many layouts in all (`StageSolution.proposals`).
 
     Raises `NoStagePlanError` when nothing fits.
     """
@@ -247,66 +257,24 @@ def solve_stages(
             hi = mid
         else:
             lo = mid + 1
-    best, tried = _search_t_max(problem, candidates, lo, runs, tolerance, on_candidate)
-    final = problem.run(best.t_max, track=True, only_n=best.n_total)
-    stages = problem.trace_back(final)
+    best, tried = search_t_max(problem, candidates, lo, runs, tolerance, on_candidate)
+    layouts = []
+    for t_max, count in propose_layouts(problem, candidates, runs, best, proposals):
+        stages = problem.trace_back(problem.run(t_max, track=True, only_n=count))
+        if stages not in layouts:
+            layouts.append(stages)
+    first, *others = (layout_solution(table, stages, num_microbatches, tried, int(candidates.size))
+                      for stages in layouts)
+    return dataclasses.replace(first, alternatives=tuple(others))
+
+
+def layout_solution(table: StageCostTable, stages: tuple[StageChoice, ...], num_microbatches: int,
+                    tried: int = 0, total: int = 0) -> StageSolution:
+    """`stages` as a solution, priced by the closed form."""
     times = [table.stage_time(s, first) for s, first in zip(stages, stage_offsets(table, stages))]
     updates = [float(table.update_s[s.start, s.stop, s.mesh]) for s in stages]
-    return StageSolution(
-        stages=stages,
-        objective_s=pipeline_latency(times, updates, num_microbatches),
-        t_max_s=max(times),
-        candidates_tried=tried,
-        candidates_total=int(candidates.size),
-    )
-
-
-def _search_t_max(problem, candidates, lo, runs, tolerance, on_candidate):
-    """Branch and bound over the sorted `t_max` candidates from index `lo`.
-
-    The least sum V(t) under a bound t never grows with t, so between two
-    tried candidates a < i < b the objective V(c_i) + (B - 1) c_i is at least
-    V(c_b) + (B - 1) c_{a+1}.  An interval whose bound cannot beat the best
-    found (divided by 1 + tolerance) is dropped untried; the others are split
-    at their middle, lowest t first.  Exact at tolerance 0: it returns what
-    trying every candidate would.  `runs` holds the results already known
-    (the loosest candidate's and the feasibility bisection's); it gains the new ones.
-    """
-    slope = problem.num_microbatches - 1
-    top = candidates.size - 1
-    if lo not in runs:
-        runs[lo] = problem.run(float(candidates[lo]))
-    tried = len(runs)
-
-    def better(best: _Best, index: int) -> _Best:
-        t_max = float(candidates[index])
-        objective = runs[index].value + slope * t_max
-        return _Best(objective, t_max, runs[index].n_total) if objective < best.objective else best
-
-    best = _Best(math.inf, math.inf, None)
-    for index in sorted(runs):
-        best = better(best, index)
-    pending = [(lo, top)] if lo != top else []
-    while pending:
-        a, b = pending.pop()
-        if b - a < 2 or runs[b].value + slope * float(candidates[a + 1]) >= best.objective / (1 + tolerance):
-            continue
-        mid = (a + b) // 2
-        if mid not in runs:
-            runs[mid] = problem.run(float(candidates[mid]))
-            tried += 1
-        best = better(best, mid)
-        if on_candidate is not None:
-            on_candidate(tried, candidates.size)
-        pending += [(mid, b), (a, mid)]  # the lower half first: small t_max is where B-1 weighs
-    return best, tried
-
-
-@dataclasses.dataclass(frozen=True)
-class _Best:
-    objective: float
-    t_max: float
-    n_total: int | None
+    return StageSolution(stages=stages, objective_s=pipeline_latency(times, updates, num_microbatches),
+                         t_max_s=max(times), candidates_tried=tried, candidates_total=total)
 
 
 @dataclasses.dataclass
@@ -314,6 +282,7 @@ class _RunResult:
     value: float
     n_total: int | None
     choices: list | None = None
+    by_stages: dict[int, float] = dataclasses.field(default_factory=dict)  # stage count -> least sum
 
 
 @dataclasses.dataclass
@@ -396,16 +365,18 @@ class _Problem:
     def run(self, t_max: float, track: bool = False, only_n: int | None = None) -> _RunResult:
         """Least sum of stage costs with every stage under `t_max` (inf when none)."""
         c = self.constraints
+        if only_n is not None:
+            return self._run_fixed(t_max, only_n, track)
         if c.stage_meshes and c.num_stages is None:
             # A mesh pinned on stage k only holds in plans of more than k stages.
             fewest = max(stage for stage, _ in c.stage_meshes) + 1
-            totals = [only_n] if only_n is not None else list(range(fewest, self.max_stages + 1))
-            best = _RunResult(math.inf, None)
-            for n_total in totals:
+            best, by_stages = _RunResult(math.inf, None), {}
+            for n_total in range(fewest, self.max_stages + 1):
                 result = self._run_fixed(t_max, n_total, track)
+                by_stages.update(result.by_stages)
                 if result.value < best.value:
                     best = result
-            return best
+            return dataclasses.replace(best, by_stages=by_stages)
         return self._run_fixed(t_max, c.num_stages, track)
 
     def _run_fixed(self, t_max: float, n_total: int | None, track: bool) -> _RunResult:
@@ -416,6 +387,7 @@ class _Problem:
         previous[num_layers, 0] = 0.0
         best, best_n = math.inf, None
         choices: list = []
+        by_stages: dict[int, float] = {}
         last_s = n_total if n_total is not None else self.max_stages
         for s in range(1, last_s + 1):
             q = B if self.schedule == "gpipe" else min(s, B)
@@ -427,6 +399,8 @@ class _Problem:
             current, choice = self._step(cost, previous, track)
             choices.append(choice)
             if n_total is None or s == n_total:
+                if np.isfinite(current[0, devices]):
+                    by_stages[s] = float(current[0, devices])
                 if current[0, devices] < best:
                     best, best_n = float(current[0, devices]), s
             previous = current
@@ -434,7 +408,7 @@ class _Problem:
                 break
         if n_total is not None:
             best_n = n_total if math.isfinite(best) else None
-        return _RunResult(best, best_n, choices if track else None)
+        return _RunResult(best, best_n, choices if track else None, by_stages)
 
     def _step(self, cost: np.ndarray, previous: np.ndarray, track: bool):
         """One more stage in front: F[k, d] = min_{j, m} cost[k, j, m] + F_prev[j, d - devices(m)].

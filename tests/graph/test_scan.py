@@ -52,6 +52,22 @@ def test_the_scanned_plan_matches_the_loops_plan():
     assert scanned_as_loop.predicted.step_time_s == pytest.approx(plans[False].predicted.step_time_s, rel=0.10)
 
 
+def test_the_step_simulator_chooses_where_the_closed_form_misranks():
+    # The stacked update sits on one stage: the DP's closed form, adding updates in series, prefers one
+    # stage; the simulated step, which overlaps each stage's update with the others' work, prefers two.
+    graph = av.trace(*(lambda c: (c.step, *c.args))(_gpt(True, optimizer="adam")))
+    solve = lambda **o: av.solve(graph, cluster=av.Cluster.local(), num_microbatches=4, progress=False, **o)  # noqa: E731
+    closed_form, simulated = solve(simulated_layouts=1), solve()
+    assert closed_form.num_stages == 1 and simulated.num_stages == 2
+    assert simulated.predicted.step_time_s < closed_form.predicted.step_time_s
+    assert "faster than the closed form's best (1 stage)" in simulated.solver.notes[-1]
+    # The choice is the plan its own layout gives when pinned.
+    layout = av.Pins(stage_cuts=tuple(s.layer_start for s in simulated.stages[1:]), num_stages=2,
+                     stage_submeshes=tuple((s.index, s.submesh) for s in simulated.stages),
+                     stage_logical_meshes=tuple((s.index, s.logical_mesh) for s in simulated.stages))
+    assert solve(pins=layout).predicted.step_time_s == pytest.approx(simulated.predicted.step_time_s, rel=1e-9)
+
+
 @pytest.mark.parametrize("cuts", [(2,), (1, 2, 3)], ids=["2_stages", "4_stages"])
 def test_cuts_inside_the_scan_match_jit(graphs, cuts):
     case = _gpt(scan=True)

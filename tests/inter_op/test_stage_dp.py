@@ -243,3 +243,23 @@ def test_branch_and_bound_over_t_max_is_exact_and_tolerance_is_a_bound(seed, B):
     loose = solve_stages(table, cluster.num_devices, B, "1f1b", limit, tolerance=0.1)
     assert exhaustive * (1 - 1e-12) <= loose.objective_s <= 1.1 * exhaustive * (1 + 1e-12)
     assert loose.candidates_tried <= exact.candidates_tried
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_proposals_are_the_best_layout_then_one_per_other_stage_count(case):
+    cluster, L, B, schedule, limit = CASES[case]
+    table = _random_table(L, cluster, 0)
+    if not math.isfinite(_brute_force(table, cluster.num_devices, B, schedule, limit)):
+        return
+    best = solve_stages(table, cluster.num_devices, B, schedule, limit)
+    proposals = solve_stages(table, cluster.num_devices, B, schedule, limit, proposals=3).proposals()
+    assert proposals[0].stages == best.stages and not best.alternatives
+    counts = [len(p.stages) for p in proposals]
+    assert len(set(counts)) == len(counts) and len(counts) <= 3
+    for p in proposals:
+        n = len(p.stages)
+        assert p.objective_s == pytest.approx(_objective_of(p, table, B), rel=1e-12)
+        # No layout of its stage count beats the best one, and none is better than the DP's best overall.
+        by_count = _brute_force(table, cluster.num_devices, B, schedule, limit, StageConstraints(num_stages=n))
+        assert by_count * (1 - 1e-12) <= p.objective_s and best.objective_s <= p.objective_s * (1 + 1e-12)
+        assert sum(table.meshes[s.mesh].num_devices for s in p.stages) == cluster.num_devices
