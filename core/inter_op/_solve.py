@@ -7,6 +7,7 @@ solved; what they fix is honoured or reported as a conflict that names them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -19,6 +20,7 @@ from alpaviz.core.inter_op._options import SolveOptions, with_option_signature
 from alpaviz.core.inter_op._prepare import prepare
 from alpaviz.core.inter_op._progress import Progress
 from alpaviz.core.inter_op._setup import SolveSetup
+from alpaviz.core.inter_op._simulated_choice import fastest_simulated
 from alpaviz.core.inter_op._stage_dp import NoStagePlanError, StageChoice, StageSolution, solve_stages
 from alpaviz.core.plan import Pins, Plan
 
@@ -64,30 +66,17 @@ def solve(
         *control_flow_notes(setup.graph),
     )
 
-    def assemble(proposal, extra_notes=(), timings=()):
+    def assemble(proposal):
         return assemble_plan(setup, proposal, options.pins, options.num_microbatches, options.schedule,
-                             time.perf_counter() - started, (*notes, *extra_notes), exact=options.tolerance == 0,
-                             timings=timings)
+                             0.0, notes, exact=options.tolerance == 0)
 
-    plans = [assemble(proposal) for proposal in solution.proposals()]
-    fastest = min(range(len(plans)), key=lambda i: (plans[i].predicted.step_time_s, i))
+    plan, choice = fastest_simulated(setup, solution.proposals(), options.num_microbatches, assemble)
     timings = (f"profiling {profiled_at - started:.2f} s ({setup.profiles.profiled} layer profiles computed, "
                f"the rest from the cache), DP {solved_at - profiled_at:.2f} s, "
                f"simulation {time.perf_counter() - solved_at:.2f} s",)
-    return assemble(solution.proposals()[fastest], _choice_notes(plans, fastest), timings)
-
-
-def _choice_notes(plans: list[Plan], fastest: int) -> tuple[str, ...]:
-    """What the step simulator chose among the layouts the stage DP proposed."""
-    if len(plans) == 1:
-        return ("the step simulator priced the stage DP's one layout",)
-    stages = lambda plan: f"{plan.num_stages} stage{'s' * (plan.num_stages != 1)}"  # noqa: E731
-    priced = ", ".join(f"{stages(p)} {p.predicted.step_time_s * 1e3:.4g} ms" for p in plans)
-    why = ("the closed form's best" if fastest == 0
-           else f"faster than the closed form's best ({stages(plans[0])}) by "
-                f"{plans[0].predicted.step_time_s / plans[fastest].predicted.step_time_s - 1:.1%}")
-    return (f"the step simulator priced {len(plans)} layouts the stage DP proposed ({priced}); the plan is the "
-            f"fastest, {why}",)
+    solver = dataclasses.replace(plan.solver, seconds=time.perf_counter() - started, notes=(*notes, *choice),
+                                 timings=timings)
+    return dataclasses.replace(plan, solver=solver)
 
 
 def _stage_dp(setup: SolveSetup, options: SolveOptions) -> StageSolution:

@@ -46,6 +46,11 @@ class SharedHardware:
         """The fixed cost of starting one task's executable."""
         return self.cluster.device.launch_s
 
+    @property
+    def shares_cores(self) -> bool:
+        """Whether a stage's rate depends on how many devices of its hosts are busy (virtual CPU devices)."""
+        return bool(self.cluster.busy_speedup)
+
     def speedup(self, stage: int, busy_by_host: dict[int, int]) -> float:
         """The rate of `stage`'s work, over its priced rate, with `busy_by_host` devices busy on each host."""
         return min(self.cluster.speedup(busy_by_host.get(h, 0)) for h, _ in self.stage_hosts[stage])

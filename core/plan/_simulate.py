@@ -149,7 +149,7 @@ def _rates(active: Mapping[int, _Task], shared: SharedHardware | None) -> dict[i
     busy: dict[int, int] = {}
     on_link: dict = {}
     for s, task in active.items():
-        if task.computing:
+        if task.computing and shared.shares_cores:
             for host, count in shared.stage_hosts[s]:
                 busy[host] = busy.get(host, 0) + count
         for link in task.links:
@@ -157,7 +157,7 @@ def _rates(active: Mapping[int, _Task], shared: SharedHardware | None) -> dict[i
     rates = {}
     for s, task in active.items():
         if task.ins.op == "run":
-            rates[s] = shared.speedup(s, busy)
+            rates[s] = shared.speedup(s, busy) if shared.shares_cores else 1.0
         else:
             rates[s] = 1.0 / max((on_link[link] for link in task.links), default=1)
     return rates
