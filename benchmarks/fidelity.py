@@ -1,20 +1,18 @@
-"""Fidelity of the cost model: predicted vs measured step time of several plans on the local devices.
+"""Fidelity of the cost model: predicted vs measured step time of many plans on the local devices.
 
 On the 8 virtual CPU devices, with the cluster calibrated on this machine
 (`av.Cluster.local(calibrate=True)`, priced at 100% of the measured rates),
-a small GPT is planned several ways: data parallelism, one-stage meshes
-1x8 and 2x4 (sharded by the ILP), 2- and 4-stage pipelines, a mixed plan
-and the solver's free plan.  Each plan is launched with `av.parallelize`
-and timed (median of several steps after warm-up).  Prints, per plan,
-predicted and measured ms and their ratio, then Spearman's rank
-correlation and whether the solver's plan is the fastest measured.
+a small GPT is planned fourteen ways: data parallelism, tensor parallelism,
+a mixed 2-D mesh, 2- and 4-stage pipelines at 1 to 32 microbatches, with and
+without recomputation, and the solver's own plans (at the default count
+and with the count searched).  Each plan is launched with `av.parallelize`'s
+defaults, as a user runs it, and timed (median of `--repeats` steps after
+two warm-up steps).  Prints, per plan, predicted and measured ms and their
+ratio; then Spearman's rank correlation, how the solver's plans compare with
+the fastest measured, and the noise floor: the first plan timed again at
+the end.  A noise floor above 10 % means the machine was busy: run again.
 
-The runtime's per-instruction dispatch (about 0.1-0.3 ms per RUN/SEND/RECV
-on this machine, `bench_runtime.py`) is not in the model; the table's
-`dispatch ms` column estimates it from the instruction count, and
-`+dispatch` is the ratio with it added to the prediction.
-
-    .venv/bin/python benchmarks/fidelity.py [--layers 4 --hidden 256 --batch 32 --microbatches 2]
+    .venv/bin/python benchmarks/fidelity.py [--layers 4 --hidden 256 --seq 32 --batch 64 --microbatches 2]
 """
 
 from __future__ import annotations
@@ -33,24 +31,33 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def candidate_pins(av, num_devices: int) -> dict[str, object]:
+def candidate_pins(av, num_devices: int, microbatches: int) -> dict[str, object]:
     """The plans to compare, as pins (the ILP fills in whatever a pin leaves open)."""
     half, quarter = num_devices // 2, num_devices // 4
+
+    def stages(n, size, logical=None, remat=False, count=microbatches):
+        return av.Pins(num_stages=n, num_microbatches=count,
+                       stage_submeshes=tuple((i, (1, size)) for i in range(n)),
+                       stage_logical_meshes=tuple((i, logical) for i in range(n)) if logical else (),
+                       stage_remat=tuple((i, True) for i in range(n)) if remat else ())
+
     return {
-        "one stage 1x8 as 1x8": av.Pins(num_stages=1, stage_logical_meshes=((0, (1, num_devices)),)),
-        "one stage 1x8 as 2x4": av.Pins(num_stages=1, stage_logical_meshes=((0, (2, half)),)),
-        "2 stages 1x4 as 4x1": av.Pins(num_stages=2, stage_submeshes=((0, (1, half)), (1, (1, half))),
-                                       stage_logical_meshes=((0, (half, 1)), (1, (half, 1)))),
-        "2 stages 1x4 as 2x2": av.Pins(num_stages=2, stage_submeshes=((0, (1, half)), (1, (1, half))),
-                                       stage_logical_meshes=((0, (2, 2)), (1, (2, 2)))),
-        "4 stages 1x2 as 2x1": av.Pins(num_stages=4,
-                                       stage_submeshes=tuple((i, (1, quarter)) for i in range(4)),
-                                       stage_logical_meshes=tuple((i, (quarter, 1)) for i in range(4))),
+        "tensor parallel: 1 stage, 1x8 as 1x8": stages(1, num_devices, (1, num_devices)),
+        "mixed: 1 stage, 1x8 as 2x4": stages(1, num_devices, (2, half)),
+        "2 stages 1x4 as 4x1": stages(2, half, (half, 1)),
+        "2 stages 1x4 as 2x2": stages(2, half, (2, 2)),
+        "4 stages 1x2 as 2x1": stages(4, quarter, (quarter, 1)),
+        "2 stages 1x4 as 4x1, 1 microbatch": stages(2, half, (half, 1), count=1),
+        "2 stages 1x4 as 4x1, 8 microbatches": stages(2, half, (half, 1), count=8),
+        "4 stages 1x2 as 2x1, 8 microbatches": stages(4, quarter, (quarter, 1), count=8),
+        "2 stages 1x4 (ILP), 32 microbatches": stages(2, half, count=32),
+        "2 stages 1x4 as 4x1, recomputing": stages(2, half, (half, 1), remat=True),
+        "4 stages 1x2 as 2x1, 8 microbatches, recomputing": stages(4, quarter, (quarter, 1), remat=True, count=8),
     }
 
 
-def measure(av, jax, step, plan, params, batch, repeats: int) -> tuple[float, int]:
-    """Median seconds per step of `plan` launched, and its instruction count."""
+def measure(av, jax, step, plan, params, batch, repeats: int) -> float:
+    """Median seconds per step of `plan` launched with `av.parallelize`'s defaults."""
     parallel = av.parallelize(step, plan)
     state = {"p": params}
 
@@ -65,79 +72,96 @@ def measure(av, jax, step, plan, params, batch, repeats: int) -> tuple[float, in
         start = time.perf_counter()
         once()
         times.append(time.perf_counter() - start)
-    return statistics.median(times), sum(len(lst) for lst in parallel.instructions)
+    return statistics.median(times)
+
+
+def make_plans(av, step, params, batch, cluster, microbatches: int) -> dict[str, object]:
+    """Every plan of the table, each solved for the step traced at its own microbatch size."""
+    from alpaviz.core.graph import microbatch_args
+
+    cost_model = av.CostModel(compute_efficiency=1.0, memory_efficiency=1.0)
+    cache = av.StageProfileCache()
+    graphs: dict[int, object] = {}
+
+    def graph_at(count):
+        if count not in graphs:  # plans are of the step at microbatch size; the launch takes the global batch
+            graphs[count] = av.trace(step, *microbatch_args((params, batch), (1,), count))
+        return graphs[count]
+
+    options = dict(cluster=cluster, cost_model=cost_model, progress=False, cache=cache)
+    plans = {"data parallel 8x1": av.baselines.data_parallel(graph_at(microbatches), num_microbatches=microbatches,
+                                                               **options)}
+    for name, pins in candidate_pins(av, cluster.num_devices, microbatches).items():
+        plans[name] = av.solve(graph_at(pins.num_microbatches), pins=pins, **options)
+    plans[f"solver (free), {microbatches} microbatches"] = av.solve(graph_at(microbatches),
+                                                                    num_microbatches=microbatches, **options)
+    plans["solver (free), microbatch count searched"] = av.solve(
+        step, params, batch, num_microbatches="auto", global_batch_argnums=(1,), **options)
+    return plans
+
+
+def describe(plan) -> str:
+    """Stages as 'layers submesh as logical mesh', with recomputation."""
+    return " | ".join(f"L{s.layer_start}-{s.layer_stop - 1} {s.submesh[0]}x{s.submesh[1]} as "
+                      f"{s.logical_mesh[0]}x{s.logical_mesh[1]}" + (" remat" if s.remat else "") for s in plan.stages)
+
+
+def report(rows, noise: float) -> None:
+    """The table and the summary lines."""
+    print("| plan | stages | microbatches | predicted ms | measured ms | measured / predicted |")
+    print("|" + " --- |" * 6)
+    for name, plan, measured in rows:
+        p = plan.predicted.step_time_s
+        print(f"| {name} | {plan.num_stages} | {plan.schedule.num_microbatches} | {p * 1e3:.1f} | "
+              f"{measured * 1e3:.1f} | {measured / p:.2f} |")
+    print()
+    predicted = [plan.predicted.step_time_s for _, plan, _ in rows]
+    measured = [m for _, _, m in rows]
+    ratios = [m / p for m, p in zip(measured, predicted)]
+    fastest = min(range(len(rows)), key=lambda i: measured[i])
+    print(f"measured / predicted: {min(ratios):.2f} to {max(ratios):.2f}; "
+          f"Spearman(predicted, measured) = {spearman(predicted, measured):.2f}")
+    print(f"fastest measured: {rows[fastest][0]} ({measured[fastest] * 1e3:.1f} ms)")
+    for name, plan, m in rows:
+        if name.startswith("solver"):
+            print(f"{name}: {m / measured[fastest]:.2f}x the fastest ({describe(plan)})")
+    print(f"noise floor: the first plan timed again differs by {noise:.1%}"
+          + ("  (above 10 %: the machine was busy, run again)" if noise > 0.10 else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=32, help="global batch")
-    parser.add_argument("--microbatches", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=64, help="global batch (32 microbatches of at least 2)")
+    parser.add_argument("--microbatches", type=int, default=2, help="for the plans that do not name a count")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--dispatch-us", type=float, default=None,
-                        help="runtime overhead per instruction (default: measured by bench_runtime's method)")
     args = parser.parse_args(argv)
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
     import jax
 
     import alpaviz as av
-    from alpaviz.core.graph import microbatch_args
 
     step, params, batch = av.models.gpt(num_layers=args.layers, hidden=args.hidden, seq_len=args.seq,
                                         vocab=512, batch_size=args.batch)
     cluster = av.Cluster.local(calibrate=True)
-    cost_model = av.CostModel(compute_efficiency=1.0, memory_efficiency=1.0)
-    options = dict(cluster=cluster, cost_model=cost_model, num_microbatches=args.microbatches,
-                   progress=False, cache=av.StageProfileCache())
-    # The plans are of the step at microbatch size; the launched step takes the global batch.
-    graph = av.trace(step, *microbatch_args((params, batch), (1,), args.microbatches))
-    plans = {"data parallel 8x1": av.baselines.data_parallel(graph, **options)}
-    for name, pins in candidate_pins(av, cluster.num_devices).items():
-        plans[name] = av.solve(graph, pins=pins, **options)
-    plans["solver (free)"] = av.solve(graph, **options)
-    dispatch_s = (args.dispatch_us or 0.0) * 1e-6
-
-    rows = []
-    for name, plan in plans.items():
-        measured, instructions = measure(av, jax, step, plan, params, batch, args.repeats)
-        rows.append((name, plan, measured, instructions))
-    if args.dispatch_us is None:
-        # Least-squares overhead per instruction over the plans (what the model does not price).
-        gaps = [(m - p.predicted.step_time_s, n) for _, p, m, n in rows]
-        dispatch_s = max(sum(g * n for g, n in gaps) / sum(n * n for _, n in gaps), 0.0)
+    plans = make_plans(av, step, params, batch, cluster, args.microbatches)
+    rows = [(name, plan, measure(av, jax, step, plan, params, batch, args.repeats)) for name, plan in plans.items()]
+    _, first_plan, first_time = rows[0]
+    again = measure(av, jax, step, first_plan, params, batch, args.repeats)
+    noise = abs(again - first_time) / min(again, first_time)
 
     print(f"fidelity on {cluster.num_devices} local {jax.devices()[0].platform} devices ({cluster.name}): "
-          f"GPT {args.layers} layers, hidden {args.hidden}, seq {args.seq}, global batch {args.batch}, "
-          f"{args.microbatches} microbatches")
+          f"GPT {args.layers} layers, hidden {args.hidden}, seq {args.seq}, global batch {args.batch}; "
+          f"median of {args.repeats} steps")
     print(f"device: {cluster.device.peak_flops / 1e9:.1f} GFLOP/s matmul, "
-          f"{cluster.device.memory_bandwidth / 1e9:.1f} GB/s memory; link alpha "
-          f"{cluster.intra_host.alpha_s * 1e6:.1f} us, {cluster.intra_host.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
+          f"{cluster.device.memory_bandwidth / 1e9:.2f} GB/s memory, launch {cluster.device.launch_s * 1e6:.0f} us; "
+          f"busy-device speedup {', '.join(f'{s:.2f}' for s in cluster.busy_speedup)}; link alpha "
+          f"{cluster.intra_host.alpha_s * 1e6:.0f} us, {cluster.intra_host.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
     print()
-    header = ("| plan | stages | predicted ms | measured ms | measured/predicted | instructions | "
-              "dispatch ms | measured/(predicted+dispatch) |")
-    print(header)
-    print("|" + " --- |" * 8)
-    predicted, measured_all, with_dispatch = [], [], []
-    for name, plan, measured, instructions in rows:
-        p = plan.predicted.step_time_s
-        d = dispatch_s * instructions
-        predicted.append(p)
-        measured_all.append(measured)
-        with_dispatch.append(p + d)
-        print(f"| {name} | {plan.num_stages} | {p * 1e3:.2f} | {measured * 1e3:.2f} | {measured / p:.2f} | "
-              f"{instructions} | {d * 1e3:.2f} | {measured / (p + d):.2f} |")
-    print()
-    fastest = min(range(len(rows)), key=lambda i: measured_all[i])
-    solver = len(rows) - 1
-    print(f"Spearman(predicted, measured) = {spearman(predicted, measured_all):.2f}; "
-          f"with dispatch = {spearman(with_dispatch, measured_all):.2f}")
-    print(f"dispatch per instruction: {dispatch_s * 1e6:.0f} us "
-          f"({'given' if args.dispatch_us is not None else 'least squares over the plans'})")
-    print(f"fastest measured: {rows[fastest][0]}; the solver's plan is "
-          f"{measured_all[solver] / measured_all[fastest]:.2f}x the fastest")
+    report(rows, noise)
     return 0
 
 

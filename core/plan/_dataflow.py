@@ -153,10 +153,10 @@ def analyze(
             readers_of.setdefault(t, set()).add(key)
 
     tasks = []
+    position = {n.name: i for i, n in enumerate(graph.nodes)}
     for (stage, role), names in members.items():
         const_needed = _const_closure(graph, names, const_nodes, producer)
-        node_set = set(names) | const_needed
-        ordered = tuple(n.name for n in graph.nodes if n.name in node_set)
+        ordered = tuple(sorted(set(names) | const_needed, key=position.__getitem__))
         outs = [
             t for n in own[(stage, role)] for t in graph.node(n).outputs
             if t in outputs or readers_of.get(t, set()) - {(stage, role)}

@@ -148,8 +148,9 @@ def _rates(active: Mapping[int, _Task], shared: SharedHardware | None) -> dict[i
         return {s: 1.0 for s in active}
     busy: dict[int, int] = {}
     on_link: dict = {}
+    shares_cores = shared.shares_cores
     for s, task in active.items():
-        if task.computing and shared.shares_cores:
+        if shares_cores and task.computing:
             for host, count in shared.stage_hosts[s]:
                 busy[host] = busy.get(host, 0) + count
         for link in task.links:
@@ -157,9 +158,11 @@ def _rates(active: Mapping[int, _Task], shared: SharedHardware | None) -> dict[i
     rates = {}
     for s, task in active.items():
         if task.ins.op == "run":
-            rates[s] = shared.speedup(s, busy) if shared.shares_cores else 1.0
+            rates[s] = shared.speedup(s, busy) if shares_cores else 1.0
+        elif task.links:
+            rates[s] = 1.0 / max(on_link[link] for link in task.links)
         else:
-            rates[s] = 1.0 / max((on_link[link] for link in task.links), default=1)
+            rates[s] = 1.0
     return rates
 
 
