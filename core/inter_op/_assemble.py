@@ -22,7 +22,7 @@ from alpaviz.core.inter_op._stage_dp import (
 from alpaviz.core.inter_op._stage_profile import profiled_mesh, step_link
 from alpaviz.core.plan import (
     InfeasiblePinsError, Layer, Pins, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, Timeline,
-    format_bytes, graph_fingerprint, predicted_timeline,
+    format_bytes, predicted_timeline,
 )
 
 
@@ -64,7 +64,7 @@ def assemble_plan(
                    for v in profiles.layers)
     unpriced = PredictedCost(solution.objective_s, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, setup.memory_limit_bytes)
     plan = Plan(
-        model=setup.graph.name, graph_fingerprint=graph_fingerprint(setup.graph), cluster=setup.cluster,
+        model=setup.graph.name, graph_fingerprint=setup.graph_fingerprint, cluster=setup.cluster,
         cost_model=setup.cost_model, layers=layers, stages=tuple(stages),
         schedule=Schedule(schedule, num_microbatches), predicted=unpriced, pins=pins,
         solver=SolverInfo(status=status, seconds=seconds, objective=solution.objective_s, notes=tuple(notes),

@@ -61,7 +61,7 @@ class SolveOptions:
     profile: bool = False
     submeshes: tuple[tuple[int, int], ...] | None = None
     tolerance: float = 0.0
-    simulated_layouts: int = 8
+    simulated_layouts: int = 4
     previous: Plan | None = dataclasses.field(default=None, compare=False)
     workers: int | ProfileWorkers = dataclasses.field(default=1, compare=False)
     global_batch_argnums: tuple[int, ...] = ()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from alpaviz.core.cost import Cluster, CostModel
 from alpaviz.core.graph import OpGraph
 from alpaviz.core.inter_op._stage_dp import MeshChoice, StageCostTable
 from alpaviz.core.inter_op._stage_profile import ProfileTable
+from alpaviz.core.plan import graph_fingerprint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,3 +24,8 @@ class SolveSetup:
     table: StageCostTable
     memory_limit_bytes: float
     stage_cost_name: str
+
+    @functools.cached_property
+    def graph_fingerprint(self) -> str:
+        """The graph's fingerprint, computed once for every layout assembled from this setup."""
+        return graph_fingerprint(self.graph)
