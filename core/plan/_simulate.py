@@ -7,10 +7,14 @@ from typing import Literal, Mapping
 
 from alpaviz.core.plan._dataflow import analyze
 from alpaviz.core.plan._instructions import (
-    Edge, Instruction, Program, build_instructions, chain_edges, is_update, timeline_kind,
+    Edge, Instruction, Program, build_instructions, chain_edges, fusable_runs, is_update, timeline_kind,
 )
 from alpaviz.core.plan._shared_hardware import SharedHardware
 from alpaviz.core.plan._timeline import Timeline, TimelineEvent
+
+
+# run_s's role for a backward fused with its own forward (see `plan_program`)
+FUSED_BACKWARD = "backward fused with its forward"
 
 
 @dataclasses.dataclass
@@ -44,8 +48,11 @@ def simulate(
     rate its devices get while the other stages' devices are busy too (see
     `SharedHardware`); a SEND occupies the sender for
     `transfer_s[(src, src_role, dst, dst_role)]`, stretched while other
-    transfers share its link, and its RECV waits for arrival.  Without
-    `shared` nothing is shared and nothing is launched: fixed durations.
+    transfers share its link, and its RECV waits for arrival.  A backward the
+    runtime fuses with its own forward (`fusable_runs`) launches nothing and
+    takes `run_s[(stage, FUSED_BACKWARD)]` where given (a recomputing
+    stage's backward without the recompute).  Without `shared` nothing is
+    shared and nothing is launched: fixed durations.
     """
     player = _Player(program, run_s, transfer_s, shared)
     player.advance()
@@ -71,6 +78,7 @@ class _Player:
     def __init__(self, program: Program, run_s, transfer_s, shared: SharedHardware | None) -> None:
         self.program, self.run_s, self.transfer_s, self.shared = program, run_s, transfer_s, shared
         self.launch_s = 0.0 if shared is None else shared.launch_s
+        self.fused = fusable_runs(program)
         self.cursor = [0] * len(program)
         self.active: dict[int, _Task] = {}
         self.sent_at: dict[tuple, float] = {}
@@ -105,8 +113,11 @@ class _Player:
         if ins.op == "free":
             return True
         if ins.op == "run":
-            work = self.run_s.get((s, ins.role), 0.0)
-            task = _Task(ins, self.now, self.launch_s if work > 0 else 0.0, work)
+            # A backward fused with its forward runs in the forward's executable: no launch of its own,
+            # and none of the forward nodes a recomputing stage would run again (the group runs each once).
+            fused = ins.role == "backward" and (s, "forward", ins.microbatch) in self.fused
+            work = self.run_s.get((s, FUSED_BACKWARD if fused else ins.role), self.run_s.get((s, ins.role), 0.0))
+            task = _Task(ins, self.now, self.launch_s if work > 0 and not fused else 0.0, work)
         else:
             self.sent_at[ins.transfer_key] = self.now
             links = () if self.shared is None else self.shared.links(s, ins.peer)
@@ -198,6 +209,9 @@ def plan_program(plan, graph=None) -> tuple[Program, dict, dict]:
                                       ("update", c.update_s, c.recv_update_s)):
             receive[(stage.index, role)] = received
             run_s[(stage.index, role)] = total - received
+        if stage.remat:  # fused with its forward, the backward does not run the forward again
+            recompute = c.forward_s - c.recv_forward_s
+            run_s[(stage.index, FUSED_BACKWARD)] = max(c.backward_s - c.recv_backward_s - recompute, 0.0)
     edges: tuple[Edge, ...] = chain_edges(n) if graph is None else analyze(graph, plan).edges
     incoming: dict[tuple[int, str], list[Edge]] = {}
     for e in edges:

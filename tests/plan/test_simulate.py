@@ -63,17 +63,39 @@ def test_a_link_shared_by_two_transfers_halves_each():
     assert _end(program, {}, transfer_s, shared=inside) == pytest.approx(1.0)
 
 
-def test_every_task_pays_the_launch_cost():
+def test_every_executable_pays_the_launch_cost():
     shared = SharedHardware.of(_cluster(1, 2, launch_s=0.25), [(0,), (1,)])
     program = build_instructions("1f1b", 2, 3)
     run_s = {(s, role): 1.0 for s in range(2) for role in ("forward", "backward")}
     unlaunched = _end(program, run_s)
     # 2 stages x 3 microbatches x (forward + backward); the critical path has m + n - 1 = 4 of each
     assert unlaunched == pytest.approx(8.0)
-    assert _end(program, run_s, shared=shared) == pytest.approx(8.0 + 8 * 0.25)
+    # each of the 8 pays 0.25 s but the last stage's backwards, which run fused with their forwards
+    # (S0: F0 F1 B0 F2 B1 B2 with F2 and B1 waiting on the last stage): 6 launches on the critical path
+    assert _end(program, run_s, shared=shared) == pytest.approx(8.0 + 6 * 0.25)
 
 
 def test_lists_that_deadlock_are_refused():
     program = ((Instruction("recv", 0, "forward", 0, 1, "forward"),), ())
     with pytest.raises(ValueError, match="deadlock"):
         simulate(program, {}, {}, "1f1b", 1)
+
+
+def test_a_backward_fused_with_its_forward_launches_nothing_and_skips_the_recompute():
+    from alpaviz.core.plan._simulate import FUSED_BACKWARD
+
+    # 1F1B over two stages: the last stage runs each forward right before its backward (one executable)
+    program = build_instructions("1f1b", 2, 2)
+    run_s = {(s, role): 1.0 for s in range(2) for role in ("forward", "backward")}
+    shared = SharedHardware.of(_cluster(1, 2, launch_s=0.25), [(0,), (1,)])
+    timeline = simulate(program, run_s, {}, "1f1b", 2, shared=shared)
+    last = sorted((e for e in timeline.events if e.stage == 1), key=lambda e: e.start_s)
+    assert [round(e.duration_s, 9) for e in last] == [1.25, 1.0, 1.25, 1.0]  # only the forward launches
+    first = [e for e in timeline.events if e.stage == 0 and e.kind == "backward"]
+    assert all(e.duration_s == pytest.approx(1.25) for e in first)  # unfused: its own launch
+    # a recomputing stage's fused backward does not run the forward again; an unfused one does
+    recomputing = {**run_s, (0, "backward"): 2.0, (1, "backward"): 2.0, (0, FUSED_BACKWARD): 1.0,
+                   (1, FUSED_BACKWARD): 1.0}
+    timeline = simulate(program, recomputing, {}, "1f1b", 2)
+    assert {round(e.duration_s, 9) for e in timeline.events if e.stage == 1 and e.kind == "backward"} == {1.0}
+    assert {round(e.duration_s, 9) for e in timeline.events if e.stage == 0 and e.kind == "backward"} == {2.0}
