@@ -88,13 +88,27 @@ def follow_dataflow(graph: OpGraph, layer_of: dict[str, int]) -> dict[str, int]:
     return out
 
 
+def constant_only_nodes(graph: OpGraph) -> set[str]:
+    """Nodes computed from the step's constants alone (an iota, a causal mask broadcast to its full
+    shape): any stage recomputes them where they are read, so nothing of theirs crosses a cut."""
+    constants = set(graph.constants or {})
+    producer = {t: n.name for n in graph.nodes for t in n.outputs}
+    out: set[str] = set()
+    for node in graph.nodes:  # graph order: a node's producers come first
+        if all(t in constants or producer.get(t) in out for t in node.inputs):
+            out.add(node.name)
+    return out
+
+
 def cut_bytes(graph: OpGraph) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Bytes of forward activations and of backward gradients that cross each layer cut."""
+    """Bytes of forward activations and of backward gradients that cross each layer cut (what is made
+    from constants alone is recomputed on each side instead)."""
     num_layers = graph.num_layers
     forward = np.zeros(num_layers + 2)
     backward = np.zeros(num_layers + 2)
+    recomputed = constant_only_nodes(graph)
     for tensor in graph.tensors:
-        if tensor.producer is None:
+        if tensor.producer is None or tensor.producer in recomputed:
             continue
         producer = graph.node(tensor.producer)
         readers = [graph.node(c) for c in graph.consumers.get(tensor.name, ())]
