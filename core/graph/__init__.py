@@ -27,6 +27,7 @@ from alpaviz.core.graph._interpret import as_function as as_function
 from alpaviz.core.graph._interpret import evaluate as evaluate
 from alpaviz.core.graph._interpret import step_outputs as step_outputs
 from alpaviz.core.graph._layers import assign_backward_layers as assign_backward_layers
+from alpaviz.core.graph._layers import constant_only_nodes as constant_only_nodes
 from alpaviz.core.graph._layers import cut_bytes as cut_bytes
 from alpaviz.core.graph._layers import step_transfer_bytes as step_transfer_bytes
 from alpaviz.core.graph._layers import follow_dataflow as follow_dataflow
@@ -59,6 +60,7 @@ __all__ = [
     "check_number",
     "as_function",
     "assign_backward_layers",
+    "constant_only_nodes",
     "cut_bytes",
     "gradient_producers",
     "step_transfer_bytes",

@@ -6,6 +6,8 @@ backward and update operators), by layer clustering and by stage profiling.
 
 from __future__ import annotations
 
+from typing import Collection
+
 import numpy as np
 
 from alpaviz.core.graph._op_graph import OpGraph
@@ -88,14 +90,19 @@ def follow_dataflow(graph: OpGraph, layer_of: dict[str, int]) -> dict[str, int]:
     return out
 
 
-def constant_only_nodes(graph: OpGraph) -> set[str]:
-    """Nodes computed from the step's constants alone (an iota, a causal mask broadcast to its full
-    shape): any stage recomputes them where they are read, so nothing of theirs crosses a cut."""
-    constants = set(graph.constants or {})
-    producer = {t: n.name for n in graph.nodes for t in n.outputs}
+def constant_only_nodes(graph: OpGraph, made_before: Collection[str] = ()) -> set[str]:
+    """Nodes no stage's task runs: those computed from the step's constants alone (an iota, a causal
+    mask broadcast to its full shape), which every stage recomputes where it reads them, and those that
+    make the tensors in `made_before` (produced before the step, then read like inputs).
+
+    A node that makes a step output is run by a task, and so is all that depends on it."""
+    constants, outputs, before = set(graph.constants or {}), set(graph.output_tensors), set(made_before)
+    producer = {t: n.name for n in graph.nodes for t in n.outputs if t not in before}
     out: set[str] = set()
     for node in graph.nodes:  # graph order: a node's producers come first
-        if all(t in constants or producer.get(t) in out for t in node.inputs):
+        if not before.isdisjoint(node.outputs) or (
+            outputs.isdisjoint(node.outputs) and all(t in constants or producer.get(t) in out for t in node.inputs)
+        ):
             out.add(node.name)
     return out
 

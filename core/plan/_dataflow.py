@@ -17,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Collection, Literal, Mapping
 
-from alpaviz.core.graph import OpGraph, PartialSums, Role, recompute_chain, stored_residuals, tensors_depending_on
+from alpaviz.core.graph import (
+    OpGraph, PartialSums, Role, constant_only_nodes, recompute_chain, stored_residuals, tensors_depending_on,
+)
 from alpaviz.core.plan._instructions import Edge, is_update, update_level, update_role
 
 PER_MICROBATCH: tuple[Role, ...] = ("forward", "backward")
@@ -129,7 +131,7 @@ def analyze(
     outputs = set(graph.output_tensors)
     for t in (*generated, *whole):
         del producer[t]
-    const_nodes = _untasked_nodes(graph, constants, producer, outputs, {*generated, *whole})
+    const_nodes = constant_only_nodes(graph, {*generated, *whole})  # no task runs them
     batch_dep = tensors_depending_on(graph.nodes, (*batch_inputs, *generated))
 
     exec_role = _task_roles(graph, stage_of, const_nodes, producer)
@@ -185,20 +187,6 @@ def analyze(
         whole=tuple(whole),
         partial=partial,
     )
-
-
-def _untasked_nodes(graph: OpGraph, constants: set[str], producer: dict[str, str], outputs: set[str],
-                    made_before: set[str]) -> set[str]:
-    """Nodes no task runs: constant-only ones (recomputed where read) and those that make the tensors
-    produced before the step (`made_before`: the generated draws and the whole values)."""
-    before = {n.name for n in graph.nodes if set(n.outputs) & made_before}
-    const_nodes: set[str] = set()
-    for node in graph.nodes:
-        if node.name in before or all(
-            t in constants or producer.get(t) in const_nodes for t in node.inputs
-        ) and not (set(node.outputs) & outputs):
-            const_nodes.add(node.name)
-    return const_nodes
 
 
 def _with_recomputation(graph: OpGraph, plan, own: dict[tuple[int, str], list[str]]) -> dict[tuple[int, str], list[str]]:

@@ -116,7 +116,9 @@ class _Player:
             # A backward fused with its forward runs in the forward's executable: no launch of its own,
             # and none of the forward nodes a recomputing stage would run again (the group runs each once).
             fused = ins.role == "backward" and (s, "forward", ins.microbatch) in self.fused
-            work = self.run_s.get((s, FUSED_BACKWARD if fused else ins.role), self.run_s.get((s, ins.role), 0.0))
+            work = self.run_s.get((s, ins.role), 0.0)
+            if fused:
+                work = self.run_s.get((s, FUSED_BACKWARD), work)
             task = _Task(ins, self.now, self.launch_s if work > 0 and not fused else 0.0, work)
         else:
             self.sent_at[ins.transfer_key] = self.now

@@ -159,8 +159,7 @@ def test_the_unrolled_graph_runs_as_the_step_from_the_stacked_arguments(graphs):
 def test_what_is_made_from_constants_is_not_priced_as_crossing_a_cut(graphs):
     # The scan hoists the causal mask, broadcast to its full shape, before its first iteration: every
     # layer reads it, but each stage recomputes it from constants, so no cut carries it.
-    from alpaviz.core.graph import cut_bytes
-    from alpaviz.core.graph._layers import constant_only_nodes
+    from alpaviz.core.graph import constant_only_nodes, cut_bytes
 
     scan = graphs[True]
     hoisted = [t for t in scan.tensors if t.producer in constant_only_nodes(scan) and len(t.shape) == 4
