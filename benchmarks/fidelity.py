@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import statistics
+import sys
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))  # bench_plan, beside this script
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -100,14 +104,9 @@ def make_plans(av, step, params, batch, cluster, microbatches: int) -> dict[str,
     return plans
 
 
-def describe(plan) -> str:
-    """Stages as 'layers submesh as logical mesh', with recomputation."""
-    return " | ".join(f"L{s.layer_start}-{s.layer_stop - 1} {s.submesh[0]}x{s.submesh[1]} as "
-                      f"{s.logical_mesh[0]}x{s.logical_mesh[1]}" + (" remat" if s.remat else "") for s in plan.stages)
-
-
 def report(rows, noise: float) -> None:
     """The table and the summary lines."""
+    from bench_plan import describe  # imports jax: only once main has set XLA_FLAGS
     print("| plan | stages | microbatches | predicted ms | measured ms | measured / predicted |")
     print("|" + " --- |" * 6)
     for name, plan, measured in rows:
