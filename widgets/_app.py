@@ -18,7 +18,7 @@ from alpaviz.widgets import _html as H
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._editor_controller import EditorController
 from alpaviz.widgets._editor_view import GRAPH_LEVELS, EditorView, WhatIfFields
-from alpaviz.widgets._session import PRESETS, WHATIF_FIELDS, EditorSession
+from alpaviz.widgets._session import PRESETS, SCHEDULE_CHOICES, WHATIF_FIELDS, EditorSession
 
 TAB_TITLES = vm.TAB_TITLES
 CURRENT_PRESET = {"(current)": ""}
@@ -76,7 +76,7 @@ class PanelEditor:
         self.microbatches = pn.widgets.IntInput(name="microbatches", value=w.num_microbatches, start=1, width=120)
         self.search_button = pn.widgets.Button(name="Search count", description=(
             "try every microbatch count that divides the global batch (example batch x microbatches)"))
-        self.schedule = pn.widgets.Select(name="schedule", options=["1f1b", "gpipe"], value=w.schedule, width=100)
+        self.schedule = pn.widgets.Select(name="schedule", options=list(SCHEDULE_CHOICES), value=w.schedule, width=100)
         self.preset = pn.widgets.Select(name="cluster", options=CURRENT_PRESET | {k: k for k in PRESETS}, value="",
                                         width=110)
         self.hosts = pn.widgets.IntInput(name="hosts", value=w.cluster.num_hosts, start=1, width=90)

@@ -15,7 +15,7 @@ from alpaviz.widgets import _html as H
 from alpaviz.widgets import _view_model as vm
 from alpaviz.widgets._editor_controller import EditorController, trace_path_for
 from alpaviz.widgets._editor_view import GRAPH_LEVELS, EditorView, WhatIfFields
-from alpaviz.widgets._session import PRESETS, WHATIF_FIELDS, EditorSession
+from alpaviz.widgets._session import PRESETS, SCHEDULE_CHOICES, WHATIF_FIELDS, EditorSession
 
 SOLVER_CHOICE, TAB_TITLES = vm.SOLVER_CHOICE, vm.TAB_TITLES
 
@@ -87,7 +87,7 @@ class PlanEditor(W.VBox):
         self.microbatches = W.BoundedIntText(value=w.num_microbatches, min=1, max=4096, description="microbatches")
         self.search_button = W.Button(description="Search count", tooltip=(
             "try every microbatch count that divides the global batch (example batch x microbatches)"))
-        self.schedule = W.Dropdown(options=["1f1b", "gpipe"], value=w.schedule, description="schedule")
+        self.schedule = W.Dropdown(options=list(SCHEDULE_CHOICES), value=w.schedule, description="schedule")
         self.preset = W.Dropdown(options=[("(current)", "")] + [(k, k) for k in PRESETS], value="", description="cluster")
         self.hosts = W.BoundedIntText(value=w.cluster.num_hosts, min=1, max=512, description="hosts")
         self.intra_bw = W.BoundedFloatText(value=w.cluster.intra_host.bandwidth_bytes_per_s / 1e9, min=1e-3,

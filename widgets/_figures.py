@@ -15,8 +15,8 @@ from alpaviz.widgets._tensor_picture import TensorPicture
 from alpaviz.widgets._timeline_view import GanttBar, TimelinePanel, idle_gaps
 
 PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6")
-KIND_COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "update": "#54A24B", "send": "#B279A2",
-                "recv": "#9D755D"}
+KIND_COLOURS = {"forward": "#4C78A8", "backward": "#F58518", "weight_grad": "#EECA3B", "update": "#54A24B",
+                "send": "#B279A2", "recv": "#9D755D"}  # weight_grad: ZB-H1's W, drawn apart from its B
 
 
 def stage_colour(stage: int) -> str:
@@ -86,6 +86,7 @@ def gantt_figure(*panels: TimelinePanel) -> go.Figure:
     stages = sorted({b.stage for p in panels for b in p.bars + p.transfers})
     moving = {b.stage for p in panels for b in p.transfers}
     lanes = [lane for s in stages for lane in ([f"stage {s}"] + ([f"stage {s} transfers"] if s in moving else []))]
+    in_legend: set[str] = set()  # each kind once, from the first panel that draws it (W only under ZB-H1)
     for col, panel in enumerate(panels, start=1):
         gaps = idle_gaps(panel.bars)
         if gaps:
@@ -95,7 +96,8 @@ def gantt_figure(*panels: TimelinePanel) -> go.Figure:
                 y=[f"stage {stage}" for stage, _, _ in gaps], hoverinfo="skip",
             ), row=1, col=col)
         for trace in _gantt_traces(panel.bars + panel.transfers):
-            trace.showlegend = col == 1
+            trace.showlegend = trace.name not in in_legend
+            in_legend.add(trace.name)
             fig.add_trace(trace, row=1, col=col)
         fig.update_xaxes(title_text=f"ms on {panel.hardware}" if panel.hardware else "ms", row=1, col=col)
     fig.update_yaxes(categoryorder="array", categoryarray=lanes, autorange="reversed")

@@ -21,6 +21,7 @@ from alpaviz.core import (
     parallelize, predicted_timeline, solve, strategy_names as core_strategy_names, trace, validate_plan,
 )
 from alpaviz.core.graph import microbatch_args, split_microbatch
+from alpaviz.core.plan import SCHEDULE_KINDS
 from alpaviz.core.inter_op import data_parallel, megatron_grid
 from alpaviz.core.intra_op import enumerate_strategies
 from alpaviz.widgets import _edits
@@ -30,6 +31,8 @@ from alpaviz.widgets._view_model import SOLVER_CHOICE, format_seconds
 SOLVER_CHOICE_LABEL = "(solver's choice: {})"
 
 Solver = Callable[..., Plan]
+# The schedule control's choices: every schedule, or "auto" for the solver to choose one.
+SCHEDULE_CHOICES: tuple[str, ...] = (*SCHEDULE_KINDS, "auto")
 PRESETS: dict[str, Callable[[int], Cluster]] = {
     "a100": lambda hosts: Cluster.a100_node(hosts),
     "v100": lambda hosts: Cluster.v100_node(hosts),
@@ -55,14 +58,14 @@ class WhatIf:
     """The re-planning knobs: microbatches, schedule, cluster preset and link bandwidths."""
 
     num_microbatches: int = 4
-    schedule: Literal["1f1b", "gpipe"] = "1f1b"
+    schedule: Literal["1f1b", "gpipe", "zb-h1", "auto"] = "1f1b"
     cluster: Cluster = dataclasses.field(default_factory=lambda: Cluster.a100_node(1))
 
     def __post_init__(self) -> None:
         if self.num_microbatches < 1:
             raise ValueError(f"num_microbatches must be >= 1, got {self.num_microbatches}")
-        if self.schedule not in ("1f1b", "gpipe"):
-            raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {self.schedule!r}")
+        if self.schedule not in SCHEDULE_CHOICES:
+            raise ValueError(f"schedule must be one of {list(SCHEDULE_CHOICES)}, got {self.schedule!r}")
 
     def with_preset(self, preset: str, num_hosts: int) -> "WhatIf":
         """The same what-if on `num_hosts` hosts of the named cluster preset."""

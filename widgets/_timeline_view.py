@@ -12,7 +12,7 @@ from typing import Sequence
 
 from alpaviz.core import Plan, Timeline
 
-COMPUTE_KINDS = ("forward", "backward", "update")
+COMPUTE_KINDS = ("forward", "backward", "weight_grad", "update")  # weight_grad: ZB-H1's W, labelled W
 TRANSFER_KINDS = ("send", "recv")
 
 
@@ -43,7 +43,7 @@ def _bars(timeline: Timeline | None, kinds: Sequence[str]) -> tuple[GanttBar, ..
 
 
 def gantt_bars(timeline: Timeline | None) -> tuple[GanttBar, ...]:
-    """Forward, backward and update runs."""
+    """Forward, backward (B and W apart under ZB-H1) and update runs."""
     return _bars(timeline, COMPUTE_KINDS)
 
 

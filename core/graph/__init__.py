@@ -27,6 +27,8 @@ from alpaviz.core.graph._interpret import as_function as as_function
 from alpaviz.core.graph._interpret import evaluate as evaluate
 from alpaviz.core.graph._interpret import step_outputs as step_outputs
 from alpaviz.core.graph._layers import assign_backward_layers as assign_backward_layers
+from alpaviz.core.graph._gradient_split import input_gradient_nodes as input_gradient_nodes
+from alpaviz.core.graph._gradient_split import weight_gradient_nodes as weight_gradient_nodes
 from alpaviz.core.graph._layers import constant_only_nodes as constant_only_nodes
 from alpaviz.core.graph._layers import cut_bytes as cut_bytes
 from alpaviz.core.graph._layers import step_transfer_bytes as step_transfer_bytes
@@ -79,6 +81,8 @@ __all__ = [
     "primitive_flops",
     "REDUCTIONS",
     "Role",
+    "input_gradient_nodes",
+    "weight_gradient_nodes",
     "split_microbatch",
     "step_outputs",
     "StepStructureError",

@@ -92,6 +92,9 @@ def _stage(setup: SolveSetup, i: int, choice: StageChoice, first: int, kept_in_f
         at = (choice.start, choice.stop, choice.mesh)
         memory = dataclasses.replace(memory, activations=float(setup.table.activation_bytes[at]),
                                      temporaries=float(setup.table.temp_bytes[at]))
+    # What a zero-bubble schedule may defer: nothing on a recomputing stage (its backward stays whole, see
+    # `analyze`), all of the first stage's backward (no stage waits for it), else the layers' W parts.
+    weight_grad = 0.0 if mesh.remat else bwd if i == 0 else sum(p.weight_grad_s for _, p in rows)
     strategies: dict[str, str] = {}
     specs: dict[str, Any] = {}
     edges: list[tuple[str, str, float]] = []
@@ -115,6 +118,7 @@ def _stage(setup: SolveSetup, i: int, choice: StageChoice, first: int, kept_in_f
             memory_bytes=memory.peak, activation_bytes=memory.activations, memory=memory,
             recv_forward_s=recv_in, recv_backward_s=recv_back, recv_update_s=step_recv,
             step_communication_s=sum(p.step_communication_s for _, p in rows) + step_recv,
+            weight_grad_s=min(weight_grad, bwd),
         ),
     )
     return stage, {p.status for _, p in rows}
@@ -135,7 +139,7 @@ def step_breakdown(stages: Sequence[Stage], timeline: Timeline, memory_limit_byt
     spent = {"microbatch": 0.0, "send": 0.0, "update": 0.0}
     for e in timeline.events:
         if e.stage == busiest and e.kind != "recv":
-            spent["microbatch" if e.kind in ("forward", "backward") else e.kind] += e.duration_s
+            spent["microbatch" if e.kind in ("forward", "backward", "weight_grad") else e.kind] += e.duration_s
     recv = c.recv_forward_s + c.recv_backward_s
     comm = max(c.communication_s - c.step_communication_s - recv, 0.0)
     compute = max(c.microbatch_s - recv - comm - c.resharding_s, 0.0)

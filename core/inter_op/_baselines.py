@@ -34,6 +34,11 @@ from alpaviz.core.plan import InfeasiblePinsError, Pins, Plan
 _SET_BY_THE_BASELINE = ("pins", "submeshes", "tolerance", "previous")
 
 
+
+def baseline_schedule(options: SolveOptions) -> str:
+    """The schedule a baseline runs: the options' own, or 1F1B (what Megatron-LM runs) when they say "auto"."""
+    return "1f1b" if options.schedule == "auto" else options.schedule
+
 def _graph(fn_or_graph: Callable[..., Any] | OpGraph, args: tuple, options: SolveOptions) -> OpGraph:
     """The step's graph at microbatch size, layered as the options say."""
     args = args_at_microbatch_size(fn_or_graph, args, options)
@@ -76,7 +81,7 @@ def data_parallel(
             notes.append(f"data-parallel sharding pins refused: {str(err).splitlines()[0][:160]}")
             continue
         return evaluate_stages(setup, [StageChoice(0, graph.num_layers, 0)], attempt, options.num_microbatches,
-                               options.schedule, notes=tuple(notes))
+                               baseline_schedule(options), notes=tuple(notes))
     raise AssertionError("unreachable: the last attempt raises or returns")
 
 
@@ -149,7 +154,7 @@ def megatron_grid(
             stages = [StageChoice(a, b, mesh) for a, b in zip(bounds, bounds[1:])]
             name = f"{label} + recompute" if remat else label
             try:
-                plans.append((name, evaluate_stages(setup, stages, Pins(), options.num_microbatches, options.schedule,
+                plans.append((name, evaluate_stages(setup, stages, Pins(), options.num_microbatches, baseline_schedule(options),
                                                     notes=(f"grid baseline {name}",))))
                 break
             except ValueError as err:

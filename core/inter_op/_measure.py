@@ -36,7 +36,7 @@ def measured_stage_cost(base: StageCostFn, repeats: int = 3) -> StageCostFn:
         cost = dataclasses.replace(
             c, forward_s=seconds * share(c.forward_s), backward_s=seconds * share(c.backward_s),
             update_s=seconds * share(c.update_s), compute_s=seconds, communication_s=0.0, resharding_s=0.0,
-            step_communication_s=0.0,
+            step_communication_s=0.0, weight_grad_s=seconds * share(c.weight_grad_s),
         )
         objective = num_microbatches * (cost.forward_s + cost.backward_s) + cost.update_s
         return dataclasses.replace(plan, cost=cost, objective=objective,

@@ -28,7 +28,9 @@ class SolveOptions:
     * `cost_model`: how operators and links are priced (default `CostModel()`).
     * `num_microbatches`: microbatches per step, or "auto" to try every count that divides the
       global batch (needs `global_batch_argnums`); a count in `pins` fixes it instead.
-    * `schedule`: the pipeline schedule, "1f1b" or "gpipe".
+    * `schedule`: the pipeline schedule, "1f1b", "gpipe", "zb-h1" (zero bubble: each backward split into
+      the input gradient and the weight gradient, W filling the bubbles), or "auto" to plan under each and
+      keep the fastest simulated step; a schedule in `pins` fixes it instead.
     * `pins`: the decisions the user fixed.
     * `memory_limit`: bytes per device (default: the device's memory).
     * `cache`: a `StageProfileCache`, which makes re-solving after a pin cheap.
@@ -51,7 +53,7 @@ class SolveOptions:
 
     cost_model: CostModel = CostModel()
     num_microbatches: int | Literal["auto"] = 1
-    schedule: ScheduleKind = "1f1b"
+    schedule: ScheduleKind | Literal["auto"] = "1f1b"
     pins: Pins = Pins()
     memory_limit: float | None = None
     cache: StageProfileCache | None = dataclasses.field(default=None, compare=False)
@@ -76,8 +78,12 @@ class SolveOptions:
             raise TypeError(f"pins must be an av.Pins, got {type(self.pins).__name__}")
         if self.pins.num_microbatches is not None:
             set_("num_microbatches", self.pins.num_microbatches)
-        # The kind and the count, checked as the plan's Schedule checks them.
-        Schedule(self.schedule, 1 if self.num_microbatches == "auto" else self.num_microbatches)
+        if self.pins.schedule is not None:
+            set_("schedule", self.pins.schedule)
+        if self.schedule != "auto":  # the kind and the count, checked as the plan's Schedule checks them
+            Schedule(self.schedule, 1 if self.num_microbatches == "auto" else self.num_microbatches)
+        elif self.num_microbatches != "auto":
+            Schedule("1f1b", self.num_microbatches)
         if self.memory_limit is not None:
             check_number("memory_limit (bytes per device)", self.memory_limit, positive=True)
         if self.num_layers is not None:

@@ -22,7 +22,7 @@ from alpaviz.core.inter_op._progress import Progress
 from alpaviz.core.inter_op._setup import SolveSetup
 from alpaviz.core.inter_op._simulated_choice import fastest_simulated
 from alpaviz.core.inter_op._stage_dp import NoStagePlanError, StageChoice, StageSolution, solve_stages
-from alpaviz.core.plan import Pins, Plan
+from alpaviz.core.plan import SCHEDULE_KINDS, Pins, Plan
 
 
 @with_option_signature
@@ -55,8 +55,34 @@ def solve(
     setup = prepare(fn_or_graph, *args_at_microbatch_size(fn_or_graph, args, options), cluster=cluster,
                     options=options)
     profiled_at = time.perf_counter()
-    solution = _stage_dp(setup, options)
-    solved_at = time.perf_counter()
+    kinds = SCHEDULE_KINDS if options.schedule == "auto" else (options.schedule,)
+    found: dict[str, tuple[Plan, tuple[str, ...]]] = {}
+    for kind in kinds:
+        try:
+            found[kind] = _plan_for_schedule(setup, options, kind, explain=len(kinds) == 1)
+        except NoStagePlanError:
+            continue  # another schedule may fit; when none does, the reason is found below
+    if not found:  # no schedule fits: why, under the default one
+        _plan_for_schedule(setup, options, "1f1b", explain=True)
+    best = min(found, key=lambda kind: found[kind][0].predicted.step_time_s)
+    plan, choice = found[best]
+    if len(kinds) > 1:
+        choice = (*choice, schedule_choice_note(best, {k: p.predicted.step_time_s for k, (p, _) in found.items()},
+                                                kinds))
+    timings = (f"profiling {profiled_at - started:.2f} s ({setup.profiles.profiled} layer profiles computed, "
+               f"the rest from the cache), stage DP and simulation {time.perf_counter() - profiled_at:.2f} s "
+               f"({len(kinds)} schedule{'s' if len(kinds) > 1 else ''})",)
+    solver = dataclasses.replace(plan.solver, seconds=time.perf_counter() - started,
+                                 notes=(*plan.solver.notes, *choice), timings=timings)
+    return dataclasses.replace(plan, solver=solver)
+
+
+def _plan_for_schedule(setup: SolveSetup, options: SolveOptions, schedule: str,
+                       explain: bool) -> tuple[Plan, tuple[str, ...]]:
+    """The stage DP under `schedule`, its layouts simulated: the fastest plan and the notes on the choice.
+
+    When nothing fits, `explain` raises the reason (memory, or which pins); otherwise `NoStagePlanError`."""
+    solution = _stage_dp(setup, options, schedule, explain)
     gap = "optimal" if options.tolerance == 0 else f"within {options.tolerance:.1%} of optimal"
     notes = (
         f"stage costs: {setup.stage_cost_name}",
@@ -67,30 +93,37 @@ def solve(
     )
 
     def assemble(proposal):
-        return assemble_plan(setup, proposal, options.pins, options.num_microbatches, options.schedule,
+        return assemble_plan(setup, proposal, options.pins, options.num_microbatches, schedule,
                              0.0, notes, exact=options.tolerance == 0)
 
-    plan, choice = fastest_simulated(setup, solution.proposals(), options.num_microbatches, assemble)
-    timings = (f"profiling {profiled_at - started:.2f} s ({setup.profiles.profiled} layer profiles computed, "
-               f"the rest from the cache), DP {solved_at - profiled_at:.2f} s, "
-               f"simulation {time.perf_counter() - solved_at:.2f} s",)
-    solver = dataclasses.replace(plan.solver, seconds=time.perf_counter() - started, notes=(*notes, *choice),
-                                 timings=timings)
-    return dataclasses.replace(plan, solver=solver)
+    return fastest_simulated(setup, solution.proposals(), options.num_microbatches, assemble)
 
 
-def _stage_dp(setup: SolveSetup, options: SolveOptions) -> StageSolution:
-    """The stage DP under the pins; when it finds nothing, the reason (memory or which pins) is raised."""
+def schedule_choice_note(best: str, step_s: dict[str, float], tried: tuple[str, ...]) -> str:
+    """Which schedule won and by how much, each other schedule's simulated step beside it."""
+    others = [f"{kind} {step_s[kind]:.4g} s (+{step_s[kind] / step_s[best] - 1:.1%})"
+              for kind in sorted(step_s, key=step_s.get) if kind != best]
+    unfit = [kind for kind in tried if kind not in step_s]
+    text = f"schedule: {best} chosen, its simulated step {step_s[best]:.4g} s"
+    text += f"; {', '.join(others)}" if others else ""
+    return text + (f"; {', '.join(unfit)} found no plan that fits" if unfit else "")
+
+
+def _stage_dp(setup: SolveSetup, options: SolveOptions, schedule: str, explain: bool) -> StageSolution:
+    """The stage DP under the pins; when it finds nothing and `explain`, the reason (memory or which pins)
+    is raised."""
     constraints = constraints_from_pins(options.pins, setup.table.meshes, setup.graph.num_layers, setup.cluster)
     bar = Progress(options.progress, "stage DP")
     try:
         return solve_stages(
-            setup.table, setup.cluster.num_devices, options.num_microbatches, options.schedule,
+            setup.table, setup.cluster.num_devices, options.num_microbatches, schedule,
             setup.memory_limit_bytes, constraints, tolerance=options.tolerance,
             prefer=_stages_of(options.previous, setup), on_candidate=bar.tick, proposals=options.simulated_layouts,
         )
     except NoStagePlanError:
-        raise diagnose(setup, options.pins, options.num_microbatches, options.schedule) from None
+        if not explain:
+            raise
+        raise diagnose(setup, options.pins, options.num_microbatches, schedule) from None
     finally:
         bar.close()
 

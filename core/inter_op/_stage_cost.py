@@ -17,7 +17,7 @@ import dataclasses
 from typing import Protocol, Sequence
 
 from alpaviz.core.cost import Cluster, CostModel, LogicalMesh
-from alpaviz.core.graph import OpGraph, OpNode, state_inputs
+from alpaviz.core.graph import OpGraph, OpNode, state_inputs, weight_gradient_nodes
 from alpaviz.core.intra_op import solve_sharding
 from alpaviz.core.plan import MemoryBreakdown, Pins, ShardingCost, ShardingPlan, Spec
 
@@ -154,12 +154,15 @@ def analytic_stage_cost(
             f"use a logical mesh whose first axis divides {batch}"
         )
     times = {"forward": 0.0, "backward": 0.0, "update": 0.0}
+    weight_grad, weight_grad_s = weight_gradient_nodes(graph, nodes), 0.0
     for op in fig.nodes:
         share = tp if op.role == "update" else n
-        times[op.role] += cost_model.op_time(
+        seconds = cost_model.op_time(
             op.primitive, op.flops / share, (op.bytes_read + op.bytes_written) / share, cluster.device,
             graph.operand_dtype(op),
         )
+        times[op.role] += seconds
+        weight_grad_s += seconds if op.name in weight_grad else 0.0
     compute = sum(times.values())
     tp_comm = cost_model.all_reduce(fig.tp_forward_bytes / dp, mesh, 1) if fig.tp_forward_bytes else 0.0
     grad_sync = cost_model.all_reduce(fig.param_bytes / tp, mesh, 0) if fig.param_bytes else 0.0
@@ -186,6 +189,7 @@ def analytic_stage_cost(
         activation_bytes=memory.activations,
         memory=memory,
         step_communication_s=grad_sync,
+        weight_grad_s=weight_grad_s,
     )
     return ShardingPlan(
         mesh_shape=mesh.shape,

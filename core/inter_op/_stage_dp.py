@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from alpaviz.core.inter_op._t_max_search import propose_layouts, search_t_max
-from alpaviz.core.plan import ScheduleKind
+from alpaviz.core.plan import SCHEDULE_KINDS, ScheduleKind
 
 
 
@@ -201,9 +201,15 @@ def pipeline_latency(
 
 
 def in_flight(stage: int, num_stages: int, num_microbatches: int, schedule: ScheduleKind) -> int:
-    """Microbatches whose activations stage `stage` of `num_stages` keeps at once."""
+    """Microbatches whose activations stage `stage` of `num_stages` keeps at once.
+
+    GPipe keeps every microbatch; 1F1B min(n - i, m) on stage i; ZB-H1
+    min(n, m) on every stage (a later stage's W's wait longer).
+    """
     if schedule == "gpipe":
         return num_microbatches
+    if schedule == "zb-h1":
+        return min(num_stages, num_microbatches)
     return min(num_stages - stage, num_microbatches)
 
 
@@ -231,8 +237,8 @@ def solve_stages(
 
     Raises `NoStagePlanError` when nothing fits.
     """
-    if schedule not in ("1f1b", "gpipe"):
-        raise ValueError(f"schedule must be '1f1b' or 'gpipe', got {schedule!r}")
+    if schedule not in SCHEDULE_KINDS:
+        raise ValueError(f"schedule must be one of {list(SCHEDULE_KINDS)}, got {schedule!r}")
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
     problem = _Problem.build(table, num_devices, num_microbatches, schedule, memory_limit_bytes, constraints)
@@ -367,9 +373,10 @@ class _Problem:
         c = self.constraints
         if only_n is not None:
             return self._run_fixed(t_max, only_n, track)
-        if c.stage_meshes and c.num_stages is None:
-            # A mesh pinned on stage k only holds in plans of more than k stages.
-            fewest = max(stage for stage, _ in c.stage_meshes) + 1
+        if (c.stage_meshes or self.schedule == "zb-h1") and c.num_stages is None:
+            # A mesh pinned on stage k only holds in plans of more than k stages; ZB-H1's memory on every
+            # stage depends on how many stages there are in all.
+            fewest = max((stage for stage, _ in c.stage_meshes), default=0) + 1
             best, by_stages = _RunResult(math.inf, None), {}
             for n_total in range(fewest, self.max_stages + 1):
                 result = self._run_fixed(t_max, n_total, track)
@@ -390,7 +397,7 @@ class _Problem:
         by_stages: dict[int, float] = {}
         last_s = n_total if n_total is not None else self.max_stages
         for s in range(1, last_s + 1):
-            q = B if self.schedule == "gpipe" else min(s, B)
+            q = in_flight(last_s - s, last_s, B, self.schedule)
             cost = np.where(under & (self.max_in_flight >= q), self.sum_cost, np.inf)
             if n_total is not None and (n_total - s) in stage_meshes:
                 keep = np.zeros(len(self.table.meshes), bool)

@@ -109,6 +109,7 @@ class LayerProfile:
     feasible: bool = True
     reason: str = ""
     step_communication_s: float = 0.0
+    weight_grad_s: float = 0.0  # the part of `backward_s` zero-bubble schedules may defer (W)
 
     @property
     def time_s(self) -> float:
@@ -140,7 +141,7 @@ class LayerProfile:
         return cls(
             forward_s=c.forward_s, backward_s=c.backward_s, update_s=c.update_s,
             compute_s=c.compute_s, communication_s=c.communication_s, resharding_s=c.resharding_s,
-            memory=c.memory, step_communication_s=c.step_communication_s,
+            memory=c.memory, step_communication_s=c.step_communication_s, weight_grad_s=c.weight_grad_s,
             strategies=tuple((node_pos[n], s) for n, s in plan.strategies if n in node_pos),
             partition_specs=tuple((tensor_pos[t], s) for t, s in plan.partition_specs if t in tensor_pos),
             resharding_edges=tuple((node_pos[n], tensor_pos[t], sec) for n, t, sec in plan.resharding_edges

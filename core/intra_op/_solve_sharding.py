@@ -17,7 +17,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from alpaviz.core.cost import Cluster, CostModel, CostModelProtocol, LogicalMesh
-from alpaviz.core.graph import OpGraph, check_int, check_number, gradient_producers, state_inputs, trace
+from alpaviz.core.graph import (
+    OpGraph, check_int, check_number, gradient_producers, state_inputs, trace, weight_gradient_nodes,
+)
 from alpaviz.core.intra_op._dim_labels import IDENTITY
 from alpaviz.core.intra_op._memory import MemoryRows, kept_tensors, memory_rows
 from alpaviz.core.intra_op._resharding import ReshardingPrices, plan_resharding
@@ -375,6 +377,8 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
     strategies: list[tuple[str, str]] = []
     specs: dict[str, Spec] = {}
     by_role = {"forward": 0.0, "backward": 0.0, "update": 0.0}
+    weight_grad = weight_gradient_nodes(graph, simp.nodes)
+    weight_grad_s = 0.0  # the part of by_role["backward"] spent on weight gradients only (zero-bubble's W)
     compute = comm = resharding = step_comm = 0.0
     edges: list[tuple[str, str, float]] = []
 
@@ -388,6 +392,7 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
             strategies.append((name, first.name))
             compute += first.compute_s
             by_role[node.role] += first.compute_s
+            weight_grad_s += first.compute_s if name in weight_grad else 0.0
             continue
         strategy = simp.strategies[name][simp.choice[name][choice[simp.group_of_node[name]]]]
         strategies.append((name, strategy.name))
@@ -411,6 +416,9 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
         by_role["update" if name in weights.deferred else node.role] += strategy.communication_s
         if name in weights.deferred:
             step_comm += strategy.communication_s
+        if name in weight_grad:
+            deferred = name in weights.deferred
+            weight_grad_s += strategy.compute_s + moved + (0.0 if deferred else strategy.communication_s)
     for name in simp.nodes:
         node = graph.node(name)
         if node.primitive in IDENTITY:
@@ -425,7 +433,8 @@ def _plan(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostM
                 specs[t] = spec_of(t) if t in simp.group_of_tensor else replicated(len(graph.tensor(t).shape))
     memory = memory_model.breakdown(choice)
     cost = ShardingCost(compute, comm, resharding, by_role["forward"], by_role["backward"], by_role["update"],
-                        memory.peak, memory.activations, memory, step_communication_s=step_comm)
+                        memory.peak, memory.activations, memory, step_communication_s=step_comm,
+                        weight_grad_s=weight_grad_s)
     notes = (f"{len(simp.groups)} decision groups from {simp.nodes_before} operators",)
     return ShardingPlan(
         mesh_shape=tuple(mesh.shape),  # type: ignore[arg-type]

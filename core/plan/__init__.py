@@ -46,6 +46,8 @@ from alpaviz.core.plan._dataflow import Dataflow as Dataflow
 from alpaviz.core.plan._dataflow import TensorEdge as TensorEdge
 from alpaviz.core.plan._dataflow import analyze as analyze
 from alpaviz.core.plan._instructions import ONCE as ONCE
+from alpaviz.core.plan._instructions import SCHEDULE_KINDS as SCHEDULE_KINDS
+from alpaviz.core.plan._instructions import WEIGHT_GRAD as WEIGHT_GRAD
 from alpaviz.core.plan._instructions import Program as Program
 from alpaviz.core.plan._instructions import fusable_runs as fusable_runs
 from alpaviz.core.plan._instructions import interleave as interleave
@@ -89,6 +91,8 @@ __all__ = [
     "replicated",
     "Schedule",
     "ScheduleKind",
+    "WEIGHT_GRAD",
+    "SCHEDULE_KINDS",
     "SCHEMA_VERSION",
     "shard_shape",
     "ShardingCost",

@@ -1,7 +1,8 @@
 """Which operators run where and when: a plan's stages split into per-microbatch and per-step tasks.
 
-Every stage gets `forward` and `backward` tasks (run once per microbatch)
-and `update` tasks (run once per step), from the roles the trace found in
+Every stage gets `forward` and `backward` tasks (run once per microbatch;
+under ZB-H1 the backward splits into B and a `weight_grad` task, W) and
+`update` tasks (run once per step), from the roles the trace found in
 the step's dataflow.  When one stage's update reads another stage's update
 (global-norm clipping sums every stage's gradients), the update runs in
 levels (`update`, `update1`, ...), values crossing stages only from one level
@@ -18,9 +19,10 @@ import dataclasses
 from typing import Collection, Literal, Mapping
 
 from alpaviz.core.graph import (
-    OpGraph, PartialSums, Role, constant_only_nodes, recompute_chain, stored_residuals, tensors_depending_on,
+    OpGraph, PartialSums, Role, constant_only_nodes, input_gradient_nodes, recompute_chain, stored_residuals,
+    tensors_depending_on,
 )
-from alpaviz.core.plan._instructions import Edge, is_update, update_level, update_role
+from alpaviz.core.plan._instructions import WEIGHT_GRAD, Edge, is_update, update_level, update_role
 
 PER_MICROBATCH: tuple[Role, ...] = ("forward", "backward")
 # How values made once per microbatch become one value for the step: averaged or summed (gradients,
@@ -136,7 +138,9 @@ def analyze(
 
     exec_role = _task_roles(graph, stage_of, const_nodes, producer)
     levels = 1 + max((update_level(r) for r in exec_role.values() if is_update(r)), default=0)
-    roles = ("forward", "backward", *(update_role(level) for level in range(levels)))
+    split = getattr(plan.schedule, "kind", None) == "zb-h1"
+    per_microbatch = ("forward", "backward", WEIGHT_GRAD) if split else ("forward", "backward")
+    roles = (*per_microbatch, *(update_role(level) for level in range(levels)))
     task_of_tensor: dict[str, tuple[int, str]] = {}
     own: dict[tuple[int, str], list[str]] = {(s, r): [] for s in range(plan.num_stages) for r in roles}
     for node in graph.nodes:
@@ -147,6 +151,8 @@ def analyze(
         for t in node.outputs:
             task_of_tensor[t] = key
     members = _with_recomputation(graph, plan, own)
+    if split:
+        _split_weight_gradients(graph, plan, own, members, task_of_tensor)
 
     reads = {key: _external_reads(graph, names, constants, producer, const_nodes) for key, names in members.items()}
     readers_of: dict[str, set[tuple[int, str]]] = {}
@@ -207,6 +213,26 @@ def _with_recomputation(graph: OpGraph, plan, own: dict[tuple[int, str], list[st
     return members
 
 
+def _split_weight_gradients(graph: OpGraph, plan, own: dict[tuple[int, str], list[str]],
+                            members: dict[tuple[int, str], list[str]], task_of: dict[str, tuple[int, str]]) -> None:
+    """Move what only weight gradients need from each stage's backward (B) into its W task, in place.
+
+    B keeps every operator the stage before waits on (`input_gradient_nodes`), forward reruns included;
+    W reads what it needs of B's results.  A recomputing stage keeps its backward whole: its W would hold
+    the rerun activations the recomputation exists to drop.
+    """
+    for stage in plan.stages:
+        b, w = (stage.index, "backward"), (stage.index, WEIGHT_GRAD)
+        needed = set(members[b]) if stage.remat else input_gradient_nodes(graph, members[b])
+        own[w] = [n for n in own[b] if n not in needed]
+        own[b] = [n for n in own[b] if n in needed]
+        members[w] = [n for n in members[b] if n not in needed]
+        members[b] = [n for n in members[b] if n in needed]
+        for name in own[w]:
+            for t in graph.node(name).outputs:
+                task_of[t] = w
+
+
 def _external_reads(graph: OpGraph, names: list[str], constants: set[str], producer: dict[str, str],
                     const_nodes: set[str]) -> list[str]:
     """The tensors a task reads that it neither makes nor can recompute from constants, in first-read order."""
@@ -232,12 +258,14 @@ def _stage_edges(graph: OpGraph, readers_of: dict[str, set[tuple[int, str]]],
                 _check_direction(graph, t, producer[t], src, dst)
                 if src[0] != dst[0]:
                     edge_tensors.setdefault((*src, *dst), []).append(t)
-    # A tensor a stage's forward already received stays in its per-microbatch buffers until the
-    # backward of that microbatch has run, so the backward needs no second copy.
+    # A tensor a stage's forward (or, for a W, its B) already received stays in its per-microbatch buffers
+    # until the last task of that microbatch has run, so a later task needs no second copy.
     for (s, sr, d, dr), ts in list(edge_tensors.items()):
-        if not is_update(sr) and dr == "backward" and (s, sr, d, "forward") in edge_tensors:
-            forward_copy = set(edge_tensors[(s, sr, d, "forward")])
-            edge_tensors[(s, sr, d, dr)] = [t for t in ts if t not in forward_copy]
+        if is_update(sr) or dr not in ("backward", WEIGHT_GRAD):
+            continue
+        earlier = ("forward",) if dr == "backward" else ("forward", "backward")
+        received = {t for r in earlier for t in edge_tensors.get((s, sr, d, r), ())}
+        edge_tensors[(s, sr, d, dr)] = [t for t in ts if t not in received]
     return tuple(
         TensorEdge(s, sr, d, dr, float(sum(graph.tensor(t).nbytes for t in ts)), tuple(ts))
         for (s, sr, d, dr), ts in sorted(edge_tensors.items()) if ts
@@ -300,6 +328,7 @@ def _const_closure(graph: OpGraph, names, const_nodes: set[str], producer: Mappi
 
 def _check_direction(graph: OpGraph, tensor: str, node: str, src: tuple[int, str], dst: tuple[int, str]) -> None:
     (s, sr), (d, dr) = src, dst
+    sr, dr = ("backward" if r == WEIGHT_GRAD else r for r in (sr, dr))  # a W is a part of its backward
     bad = (
         (sr == "forward" and dr == "forward" and s > d)
         or (sr == "backward" and dr == "backward" and s < d)

@@ -15,6 +15,10 @@ from alpaviz.core.graph import Role
 
 Op = Literal["run", "send", "recv", "free"]
 ONCE = -1  # the microbatch index of work done once per step (the optimizer update)
+# The pipeline schedules `compute_order` knows: 1F1B, GPipe, and zero bubble H1 (backward split into B and W).
+SCHEDULE_KINDS: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1")
+# The task a zero-bubble schedule splits off a stage's backward: what only weight gradients need (its W).
+WEIGHT_GRAD = "weight_grad"
 
 
 def update_role(level: int) -> str:
@@ -121,12 +125,19 @@ def compute_order(
 
     GPipe runs every forward, then every backward.  1F1B (PipeDream-flush)
     warms up with min(n - i - 1, m) forwards on stage i, then alternates one
-    forward and one backward, then drains the remaining backwards.
+    forward and one backward, then drains the remaining backwards.  ZB-H1
+    (zero bubble, Qi et al. 2024) runs 1F1B's order with each backward split
+    into B (the input gradient the stage before waits for) and W (the
+    `WEIGHT_GRAD` task): stage i runs a microbatch's W only once i later B's
+    have run, so the W's fill the warm-up and drain bubbles while every
+    stage holds at most n microbatches, 1F1B's peak.
     """
     n, m = num_stages, num_microbatches
     if not 0 <= stage < n:
         raise ValueError(f"stage {stage} is outside a pipeline of {n} stages")
-    if kind == "gpipe":
+    if kind == "zb-h1":
+        runs = _zero_bubble_h1(n, m, stage)
+    elif kind == "gpipe":
         runs = [("forward", k) for k in range(m)] + [("backward", k) for k in range(m)]
     elif kind == "1f1b":
         warm = min(n - stage - 1, m)
@@ -135,9 +146,30 @@ def compute_order(
             runs += [("forward", warm + k), ("backward", k)]
         runs += [("backward", k) for k in range(m - warm, m)]
     else:
-        raise ValueError(f"unknown schedule kind {kind!r}; use '1f1b' or 'gpipe'")
+        raise ValueError(f"unknown schedule kind {kind!r}; use '1f1b', 'gpipe' or 'zb-h1'")
     runs += [(update_role(level), ONCE) for level in range(update_levels)]
     return tuple(runs)  # type: ignore[return-value]
+
+
+def _zero_bubble_h1(n: int, m: int, stage: int) -> list[tuple[str, int]]:
+    """ZB-H1's forward, B and W runs of one stage: 1F1B's order, W delayed by `stage` backwards."""
+    warm = min(n - stage - 1, m)
+    runs: list[tuple[str, int]] = [("forward", k) for k in range(warm)]
+    waiting: list[int] = []  # microbatches whose B has run and whose W has not
+
+    def backward(k: int) -> None:
+        runs.append(("backward", k))
+        waiting.append(k)
+        while len(waiting) > stage:
+            runs.append((WEIGHT_GRAD, waiting.pop(0)))
+
+    for k in range(m - warm):
+        runs.append(("forward", warm + k))
+        backward(k)
+    for k in range(m - warm, m):
+        backward(k)
+    runs += [(WEIGHT_GRAD, k) for k in waiting]
+    return runs
 
 
 def build_instructions(
@@ -151,7 +183,8 @@ def build_instructions(
     Around each RUN: a RECV for every edge into that task (before), a SEND
     for every edge out of it (after).  Edges into update tasks are sent once,
     after the last microbatch of the producing task.  A FREE follows each
-    backward: that microbatch's stashed activations are no longer needed.
+    backward (each W under ZB-H1): that microbatch's stashed activations are
+    no longer needed.
 
     Example:
         >>> lists = build_instructions("1f1b", num_stages=4, num_microbatches=8)
@@ -165,6 +198,7 @@ def build_instructions(
             raise ValueError(f"edge {e} does not join two different stages of {num_stages}")
     program = []
     levels = num_update_levels(edges)
+    freed_after = WEIGHT_GRAD if kind == "zb-h1" else "backward"  # the last task to read a microbatch's buffers
     for stage in range(num_stages):
         runs = compute_order(kind, num_stages, num_microbatches, stage, levels)
         last_of = {role: k for role, k in runs}  # the final microbatch each role runs
@@ -181,7 +215,7 @@ def build_instructions(
                     out.append(Instruction("send", stage, role, k, e.dst_stage, e.dst_role))
                 elif is_update(role) or k == last_of[role]:
                     out.append(Instruction("send", stage, role, ONCE, e.dst_stage, e.dst_role))
-            if role == "backward":
+            if role == freed_after:
                 out.append(Instruction("free", stage, "forward", k))
         program.append(tuple(out))
     return tuple(program)
@@ -192,8 +226,9 @@ def fusable_runs(program: Program) -> dict[tuple[int, str, int], tuple[str, ...]
 
     A forward immediately followed on its mesh by the backward of the same
     microbatch (nothing sent or received between: the last stage under
-    1F1B, or a lone stage) fuses into one forward+backward; when that is
-    the whole list apart from a FREE and the update (one stage, one
+    1F1B, or a lone stage) fuses into one forward+backward, with the W of
+    that microbatch when it comes next (a lone stage under ZB-H1); when that
+    is the whole list apart from a FREE and the update (one stage, one
     microbatch), the update joins too, giving one executable per step.
     """
     out: dict[tuple[int, str, int], tuple[str, ...]] = {}
@@ -203,10 +238,14 @@ def fusable_runs(program: Program) -> dict[tuple[int, str, int], tuple[str, ...]
             if not (ins.op == "run" and ins.role == "forward" and nxt.op == "run" and nxt.role == "backward"
                     and nxt.microbatch == ins.microbatch):
                 continue
-            rest = [x for x in lst[i + 2:] if x.op != "free"]
+            roles, j = ["forward", "backward"], i + 2
+            after = lst[j] if j < len(lst) else None
+            if after and after.op == "run" and after.role == WEIGHT_GRAD and after.microbatch == ins.microbatch:
+                roles.append(WEIGHT_GRAD)
+                j += 1
+            rest = [x for x in lst[j:] if x.op != "free"]
             whole = i == 0 and len(rest) == 1 and rest[0].op == "run" and rest[0].role == "update"
-            out[(stage, "forward", ins.microbatch)] = ("forward", "backward", "update") if whole else (
-                "forward", "backward")
+            out[(stage, "forward", ins.microbatch)] = (*roles, "update") if whole else tuple(roles)
     return out
 
 

@@ -11,6 +11,7 @@ import json
 from typing import Callable, Mapping, Sequence, TypeVar
 
 from alpaviz.core.graph import check_int
+from alpaviz.core.plan._instructions import SCHEDULE_KINDS
 from alpaviz.core.plan._serde import from_jsonable, load_json, to_jsonable
 from alpaviz.core.plan._spec import Spec
 
@@ -48,6 +49,7 @@ class Pins:
     partition_specs: tuple[tuple[str, Spec], ...] = ()
     num_microbatches: int | None = None
     stage_remat: tuple[tuple[int, bool], ...] = ()  # (stage, recompute its forward in the backward)
+    schedule: str | None = None  # the pipeline schedule ("1f1b", "gpipe", "zb-h1")
 
     def __post_init__(self) -> None:
         for name in _PAIR_FIELDS:
@@ -59,6 +61,8 @@ class Pins:
             check_int("num_stages", self.num_stages)
         if self.num_microbatches is not None:
             check_int("the pinned number of microbatches", self.num_microbatches, minimum=1)
+        if self.schedule is not None and self.schedule not in SCHEDULE_KINDS:
+            raise ValueError(f"the pinned schedule must be one of {list(SCHEDULE_KINDS)}, got {self.schedule!r}")
         for stage, shape in tuple(self.stage_submeshes) + tuple(self.stage_logical_meshes):
             check_int("a pinned stage index", stage)
             if not isinstance(shape, (tuple, list)) or len(shape) != 2:
@@ -136,6 +140,8 @@ class Pins:
             atoms.append((f"{self.num_stages} stages", Pins(num_stages=self.num_stages)))
         if self.num_microbatches is not None:
             atoms.append((f"{self.num_microbatches} microbatches", Pins(num_microbatches=self.num_microbatches)))
+        if self.schedule is not None:
+            atoms.append((f"schedule {self.schedule}", Pins(schedule=self.schedule)))
         atoms += [(f"stage {s} on submesh {m}", Pins(stage_submeshes=((s, m),))) for s, m in self.stage_submeshes]
         atoms += [(f"stage {s} logical mesh {m}", Pins(stage_logical_meshes=((s, m),)))
                   for s, m in self.stage_logical_meshes]
@@ -151,7 +157,7 @@ class Pins:
         fields = {}
         for field in dataclasses.fields(cls):
             values = [getattr(p, field.name) for p in parts]
-            if field.name in ("num_stages", "num_microbatches"):
+            if field.name in ("num_stages", "num_microbatches", "schedule"):
                 pinned = sorted({v for v in values if v is not None})
                 if len(pinned) > 1:
                     raise InfeasiblePinsError(f"{field.name} is pinned to each of {pinned}; keep one")
@@ -206,6 +212,10 @@ class Pins:
         """Pin (or with None, unpin) how many microbatches a step is split into."""
         return self._replace(num_microbatches=num_microbatches)
 
+    def with_schedule(self, schedule: str | None) -> "Pins":
+        """Pin (or with None, unpin) the pipeline schedule: "1f1b", "gpipe" or "zb-h1"."""
+        return self._replace(schedule=schedule)
+
     def with_submesh(self, stage: int, submesh: Shape2 | None, logical_mesh: Shape2 | None = None) -> "Pins":
         """Pin (or with None, unpin) the submesh and optionally the logical mesh of a stage."""
         meshes = {s: m for s, m in self.stage_submeshes if s != stage}
@@ -243,7 +253,7 @@ class Pins:
 
     def only_stage_layout(self) -> "Pins":
         """The pins the stage DP obeys: cuts, stage count, submeshes, logical meshes, recomputation."""
-        return self._replace(strategies=(), partition_specs=(), num_microbatches=None)
+        return self._replace(strategies=(), partition_specs=(), num_microbatches=None, schedule=None)
 
     # ---- JSON ------------------------------------------------------------
     def to_json(self) -> str:

@@ -17,18 +17,19 @@ from typing import Literal, Mapping
 from alpaviz.core.cost import Cluster, CostModel
 from alpaviz.core.graph import OpGraph, check_int, check_number
 from alpaviz.core.plan._memory import MemoryBreakdown
+from alpaviz.core.plan._instructions import SCHEDULE_KINDS
 from alpaviz.core.plan._pins import Pins
 from alpaviz.core.plan._serde import PlanFormatError, from_jsonable, load_json, to_jsonable
 from alpaviz.core.plan._spec import Spec, check_spec, spec_name
 
 SCHEMA_VERSION = 1
-ScheduleKind = Literal["1f1b", "gpipe"]
+# The pipeline schedules (`SCHEDULE_KINDS`, see `compute_order`).
+ScheduleKind = Literal["1f1b", "gpipe", "zb-h1"]
 # How a statistic over the batch (BatchNorm's mean and variance) is taken when the batch is split into
 # microbatches: over the global batch (a step whose statistics feed back into per-example work is then
 # refused with several microbatches), or per microbatch (ghost batch norm: each microbatch its own).
 BatchStatistics = Literal["global", "per_microbatch"]
 BATCH_STATISTICS: tuple[str, ...] = ("global", "per_microbatch")
-SCHEDULE_KINDS: tuple[str, ...] = ("1f1b", "gpipe")
 MAX_MICROBATCHES = 1 << 16  # far beyond any real pipeline; keeps a hostile plan from exhausting memory
 SolverStatus = Literal["optimal", "time_limited", "pinned", "heuristic"]
 
@@ -64,6 +65,8 @@ class StageCost:
     `backward_s` and `update_s` spent receiving from other stages;
     `step_communication_s` the part of `communication_s` paid once per step
     (gradient reductions, `recv_update_s`), the rest being per microbatch.
+    `weight_grad_s` is the part of `backward_s` that only computes weight
+    gradients: what a zero-bubble schedule runs apart, later (its W).
     """
 
     forward_s: float
@@ -79,6 +82,7 @@ class StageCost:
     recv_backward_s: float = 0.0
     recv_update_s: float = 0.0
     step_communication_s: float = 0.0
+    weight_grad_s: float = 0.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

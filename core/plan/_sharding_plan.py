@@ -32,6 +32,7 @@ class ShardingCost:
     activation_bytes: float
     memory: MemoryBreakdown = MemoryBreakdown()
     step_communication_s: float = 0.0
+    weight_grad_s: float = 0.0  # the part of `backward_s` that only computes weight gradients (zero-bubble's W)
 
     @property
     def total_s(self) -> float:

@@ -7,7 +7,7 @@ from typing import Literal, Mapping
 
 from alpaviz.core.plan._dataflow import analyze
 from alpaviz.core.plan._instructions import (
-    Edge, Instruction, Program, build_instructions, chain_edges, fusable_runs, is_update, timeline_kind,
+    WEIGHT_GRAD, Edge, Instruction, Program, build_instructions, chain_edges, fusable_runs, is_update, timeline_kind,
 )
 from alpaviz.core.plan._shared_hardware import SharedHardware
 from alpaviz.core.plan._timeline import Timeline, TimelineEvent
@@ -115,7 +115,8 @@ class _Player:
         if ins.op == "run":
             # A backward fused with its forward runs in the forward's executable: no launch of its own,
             # and none of the forward nodes a recomputing stage would run again (the group runs each once).
-            fused = ins.role == "backward" and (s, "forward", ins.microbatch) in self.fused
+            fused_roles = self.fused.get((s, "forward", ins.microbatch), ())
+            fused = ins.role in ("backward", WEIGHT_GRAD) and ins.role in fused_roles
             work = self.run_s.get((s, ins.role), 0.0)
             if fused:
                 work = self.run_s.get((s, FUSED_BACKWARD), work)
@@ -214,10 +215,15 @@ def plan_program(plan, graph=None) -> tuple[Program, dict, dict]:
         if stage.remat:  # fused with its forward, the backward does not run the forward again
             recompute = c.forward_s - c.recv_forward_s
             run_s[(stage.index, FUSED_BACKWARD)] = max(c.backward_s - c.recv_backward_s - recompute, 0.0)
+        if plan.schedule.kind == "zb-h1":  # the backward's W runs apart from its B
+            weight_grad = min(c.weight_grad_s, run_s[(stage.index, "backward")])
+            run_s[(stage.index, WEIGHT_GRAD)] = weight_grad
+            run_s[(stage.index, "backward")] -= weight_grad
     edges: tuple[Edge, ...] = chain_edges(n) if graph is None else analyze(graph, plan).edges
     incoming: dict[tuple[int, str], list[Edge]] = {}
-    for e in edges:
-        incoming.setdefault((e.dst_stage, timeline_kind(e.dst_role)), []).append(e)
+    for e in edges:  # what a W receives is part of the backward's priced receive
+        into = "backward" if e.dst_role == WEIGHT_GRAD else timeline_kind(e.dst_role)
+        incoming.setdefault((e.dst_stage, into), []).append(e)
     transfer_s: dict[tuple[int, str, int, str], float] = {}
     for key, into in incoming.items():
         total = sum(e.nbytes for e in into)

@@ -10,7 +10,7 @@ import dataclasses
 import json
 from typing import Literal
 
-EventKind = Literal["forward", "backward", "update", "send", "recv"]
+EventKind = Literal["forward", "backward", "weight_grad", "update", "send", "recv"]  # weight_grad: ZB-H1's W
 TimelineSource = Literal["predicted", "measured"]
 
 

@@ -125,13 +125,19 @@ class ParallelStep:
                                      self.donate, self.compiler_options, **self.ray_options)
 
     def with_schedule(self, kind: str) -> "ParallelStep":
-        """The same step under another schedule kind ("gpipe"/"1f1b"), reusing the compiled stages.
+        """The same step under another schedule kind ("gpipe"/"1f1b"/"zb-h1"), reusing the compiled stages.
 
         Tasks do not depend on the order they run in, so only the
         instruction lists change; handy to compare measured timelines.
+        ZB-H1 has tasks of its own (each backward split in two), so a step
+        moves to or from it by `av.parallelize` of the plan under it.
         """
         if self.compiled is None:
             raise ValueError("call the step once (or pass example_args) before switching its schedule")
+        if (kind == "zb-h1") != (self.plan.schedule.kind == "zb-h1"):
+            raise ValueError(
+                f"this step was compiled for {self.plan.schedule.kind!r}, whose tasks differ from {kind!r}'s "
+                f"(zb-h1 splits each backward into B and W); parallelize a plan made with schedule={kind!r}")
         plan = dataclasses.replace(self.plan, schedule=dataclasses.replace(self.plan.schedule, kind=kind))
         other = object.__new__(ParallelStep)
         other.__dict__.update(self.__dict__)

@@ -34,20 +34,20 @@ def _model(name: str):
     return av.models.mlp((16, 32, 32, 32, 16), batch_size=16)
 
 
-def _plan(graph, layout: str):
+def _plan(graph, layout: str, schedule: str = "1f1b"):
     cluster = av.Cluster.ray(num_hosts=2, devices_per_host=4)
     specs = data_parallel_specs(graph)
     if layout == TWO_STAGES:  # stage 1 holds the batch whole on each device: tile-once matters
         return manual_plan(graph, cluster, stage_cuts=(2,), logical_meshes=[(4, 1), (1, 4)],
-                           partition_specs=specs, schedule=Schedule("1f1b", 2))
+                           partition_specs=specs, schedule=Schedule(schedule, 2))
     return manual_plan(graph, cluster, stage_cuts=(1, 2, 3), logical_meshes=(2, 1), devices_per_stage=2,
-                       partition_specs=specs, schedule=Schedule("1f1b", 4))
+                       partition_specs=specs, schedule=Schedule(schedule, 4))
 
 
-def _launch(model: str, layout: str, **options):
+def _launch(model: str, layout: str, schedule: str = "1f1b", **options):
     """The model, its plan on two hosts, and the step built for the Ray engine (close it when done)."""
     step, params, batch = _model(model)
-    plan = _plan(av.trace(step, params, batch), layout)
+    plan = _plan(av.trace(step, params, batch), layout, schedule)
     parallel = av.parallelize(step, plan, engine="ray", example_args=(params, batch), compiler_options=FAST_COMPILE,
                               record_trace=True, **options)
     return step, params, batch, plan, parallel
@@ -85,6 +85,18 @@ def test_stages_on_two_hosts_match_jit(local_ray, model, layout, transport):
         assert trace.source == "measured" and transport in trace.hardware
         assert [e.kind for e in trace.events].count("forward") == plan.num_stages * plan.schedule.num_microbatches
         assert any(e.kind == "recv" for e in trace.events)
+    finally:
+        parallel.close()
+
+
+@pytest.mark.slow
+def test_zero_bubble_h1_on_two_hosts_matches_jit_and_runs_every_w(local_ray):
+    step, params, batch, plan, parallel = _launch("gpt", FOUR_STAGES, schedule="zb-h1")
+    try:
+        _run_against_jit(step, params, batch, parallel)
+        kinds = [e.kind for e in parallel.last_trace().events]
+        # Stage 0's backward is all W (no stage waits on it); the other three run a B and a W per microbatch.
+        assert kinds.count("weight_grad") == plan.num_stages * plan.schedule.num_microbatches
     finally:
         parallel.close()
 
