@@ -373,6 +373,8 @@ class _Problem:
         c = self.constraints
         if only_n is not None:
             return self._run_fixed(t_max, only_n, track)
+        if self.schedule == "zb-h1" and c.num_stages is None and not c.stage_meshes:
+            return self._run_by_count(t_max, track)
         if (c.stage_meshes or self.schedule == "zb-h1") and c.num_stages is None:
             # A mesh pinned on stage k only holds in plans of more than k stages; ZB-H1's memory on every
             # stage depends on how many stages there are in all.
@@ -386,8 +388,29 @@ class _Problem:
             return dataclasses.replace(best, by_stages=by_stages)
         return self._run_fixed(t_max, c.num_stages, track)
 
-    def _run_fixed(self, t_max: float, n_total: int | None, track: bool) -> _RunResult:
+    def _run_by_count(self, t_max: float, track: bool) -> _RunResult:
+        """ZB-H1's run: one DP per stage count (every stage holds min(n, B) microbatches), in order of a bound.
+
+        1F1B's memory rule (min(n - i, B) on stage i) asks less of every stage, so its least sum for n
+        stages bounds ZB-H1's from below; counts are tried from the smallest bound and the search stops
+        once no bound beats the best found.  Counts left untried are absent from `by_stages`.
+        """
+        bound = self._run_fixed(t_max, None, False, memory_rule="1f1b").by_stages
+        best, by_stages = _RunResult(math.inf, None), {}
+        for n_total in sorted(bound, key=bound.__getitem__):
+            if bound[n_total] >= best.value:
+                break
+            result = self._run_fixed(t_max, n_total, track)
+            by_stages.update(result.by_stages)
+            if result.value < best.value:
+                best = result
+        return dataclasses.replace(best, by_stages=by_stages)
+
+    def _run_fixed(self, t_max: float, n_total: int | None, track: bool,
+                   memory_rule: ScheduleKind | None = None) -> _RunResult:
+        """The DP with `n_total` stages (None: any count); `memory_rule` replaces the schedule's in-flight rule."""
         num_layers, devices, B = self.table.num_layers, self.num_devices, self.num_microbatches
+        rule = memory_rule or self.schedule
         under = self.times <= t_max
         stage_meshes = dict(self.constraints.stage_meshes)
         previous = np.full((num_layers + 1, devices + 1), np.inf)
@@ -397,7 +420,7 @@ class _Problem:
         by_stages: dict[int, float] = {}
         last_s = n_total if n_total is not None else self.max_stages
         for s in range(1, last_s + 1):
-            q = in_flight(last_s - s, last_s, B, self.schedule)
+            q = in_flight(last_s - s, last_s, B, rule)
             cost = np.where(under & (self.max_in_flight >= q), self.sum_cost, np.inf)
             if n_total is not None and (n_total - s) in stage_meshes:
                 keep = np.zeros(len(self.table.meshes), bool)

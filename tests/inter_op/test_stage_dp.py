@@ -95,6 +95,9 @@ CASES = {
     "2hosts-2dev": (av.Cluster.a100_node(2, 2), 4, 2, "1f1b", math.inf),
     "5layers-2hosts-2dev": (av.Cluster.a100_node(2, 2), 5, 6, "1f1b", 5.0),
     "3hosts-2dev": (av.Cluster.a100_node(3, 2), 4, 4, "1f1b", math.inf),
+    # ZB-H1: every stage holds min(n, B) microbatches; the DP runs one count at a time, pruned by 1F1B's bound
+    "1host-4dev-zb-h1-tight": (av.Cluster.a100_node(1, 4), 4, 8, "zb-h1", 4.0),
+    "5layers-2hosts-2dev-zb-h1": (av.Cluster.a100_node(2, 2), 5, 6, "zb-h1", 5.0),
 }
 
 
@@ -129,12 +132,17 @@ CONSTRAINTS = {
 
 @pytest.mark.parametrize("name", list(CONSTRAINTS), ids=list(CONSTRAINTS))
 @pytest.mark.parametrize("seed", [3, 4])
-def test_dp_honours_constraints_like_brute_force(name, seed):
+@pytest.mark.parametrize("schedule, limit", [("1f1b", math.inf), ("zb-h1", 6.0)], ids=["1f1b", "zb-h1-tight"])
+def test_dp_honours_constraints_like_brute_force(name, seed, schedule, limit):
     cluster = av.Cluster.a100_node(1, 4)
     table = _random_table(4, cluster, seed)
     constraints = CONSTRAINTS[name]
-    expected = _brute_force(table, 4, 4, "1f1b", math.inf, constraints)
-    solution = solve_stages(table, 4, 4, "1f1b", math.inf, constraints)
+    expected = _brute_force(table, 4, 4, schedule, limit, constraints)
+    if not math.isfinite(expected):
+        with pytest.raises(NoStagePlanError):
+            solve_stages(table, 4, 4, schedule, limit, constraints)
+        return
+    solution = solve_stages(table, 4, 4, schedule, limit, constraints)
     assert solution.objective_s == pytest.approx(expected, rel=1e-12)
     cuts = [s.start for s in solution.stages[1:]]
     assert all(c in cuts for c in constraints.required_cuts)
@@ -142,6 +150,24 @@ def test_dp_honours_constraints_like_brute_force(name, seed):
     for stage, allowed in constraints.stage_meshes:
         if stage < len(solution.stages):
             assert solution.stages[stage].mesh in allowed
+
+
+# Memory-bound cases where ZB-H1 (min(n, B) microbatches on every stage) must give up 1F1B's best layout.
+ZB_BOUND = [(4.0, 7, ()), (5.0, 2, (2,)), (5.0, 6, (2,)), (6.0, 0, (2,)), (6.0, 5, (2,))]
+
+
+@pytest.mark.parametrize("limit, seed, cuts", ZB_BOUND, ids=[f"limit{lim:g}-seed{s}-cuts{c}" for lim, s, c in ZB_BOUND])
+def test_zb_h1_dp_is_exact_where_its_memory_rule_changes_the_answer(limit, seed, cuts):
+    cluster, B = av.Cluster.a100_node(1, 4), 8
+    table, constraints = _random_table(5, cluster, seed), StageConstraints(required_cuts=cuts)
+    expected = _brute_force(table, 4, B, "zb-h1", limit, constraints)
+    assert expected > _brute_force(table, 4, B, "1f1b", limit, constraints)  # the case tests what it says
+    solution = solve_stages(table, 4, B, "zb-h1", limit, constraints)
+    assert solution.objective_s == pytest.approx(expected, rel=1e-12)
+    for s in solution.stages:
+        need = (table.state_bytes[s.start, s.stop, s.mesh] + min(len(solution.stages), B)
+                * table.activation_bytes[s.start, s.stop, s.mesh] + table.temp_bytes[s.start, s.stop, s.mesh])
+        assert need <= limit
 
 
 @pytest.mark.parametrize("hosts,per_host", [(2, 2), (3, 2), (2, 4)], ids=["2x2", "3x2", "2x4"])
