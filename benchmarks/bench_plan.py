@@ -10,6 +10,10 @@ editor's click-to-plan path).
     python benchmarks/bench_plan.py --suite gpt --cases 1.3B,39B
     python benchmarks/bench_plan.py --stage-cost analytic
     python benchmarks/bench_plan.py --suite gpt --search-microbatches   # B chosen per case
+
+The schedule columns: the plan with the schedule searched too (`schedule="auto"`: GPipe, 1F1B,
+ZB-H1, each priced by simulating its instruction lists), its step over the 1F1B plan's, and the
+extra seconds that search took with the profiles already cached.
 """
 
 from __future__ import annotations
@@ -104,6 +108,10 @@ def run_case(case: Case, stage_cost, tolerance: float, workers: int) -> dict:
         return {"case": case, "error": str(err)}
     seconds = time.perf_counter() - started
     row = {"case": case, "plan": plan, "seconds": seconds, "layers": graph.num_layers, "B": B}
+    # The schedule searched too (GPipe, 1F1B, ZB-H1), from the same profiles: its winner and gain over 1F1B.
+    started = time.perf_counter()
+    row["auto"] = av.solve(graph, progress=False, tolerance=tolerance, workers=workers, schedule="auto", **options)
+    row["auto_seconds"] = time.perf_counter() - started
     try:
         row["grid"] = av.baselines.megatron_grid(graph, **options)
     except ValueError as err:
@@ -170,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     stage_cost = analytic_stage_cost if args.stage_cost == "analytic" else default_stage_cost()
     wanted = {s for s in args.cases.split(",") if s}
     cases = [c for c in CASES if (args.suite in ("all", c.suite)) and (not wanted or c.size in wanted)]
-    print(f"stage cost: {getattr(stage_cost, '__name__', stage_cost)}; A100 preset; fp16; 1F1B")
-    header = (f"{'case':<14}{'gpus':>5}{'L':>4}{'B':>5}{'plan s':>8}{'step ms':>11}{'/grid':>7}{'/dp':>7}  "
-              f"stages (layers submesh as logical)")
+    print(f"stage cost: {getattr(stage_cost, '__name__', stage_cost)}; A100 preset; fp16; 1F1B (schedule: searched)")
+    header = (f"{'case':<14}{'gpus':>5}{'L':>4}{'B':>5}{'plan s':>8}{'step ms':>11}{'/grid':>7}{'/dp':>7}"
+              f"{'schedule':>10}{'/1f1b':>7}{'+s':>6}  stages (layers submesh as logical)")
     print(header)
     lost = []
     for case in cases:
@@ -184,9 +192,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         plan = row["plan"]
         grid, dp = row.get("grid"), row.get("dp")
+        auto = row.get("auto")
+        searched = (f"{auto.schedule.kind:>10}{ratio(auto, plan):>7}{row['auto_seconds']:>6.1f}" if auto
+                    else f"{'n/a':>10}{'':>13}")
         print(f"{name:<14}{case.gpus:>5}{row['layers']:>4}{row['B']:>5}{row['seconds']:>8.1f}"
-              f"{plan.predicted.step_time_s * 1e3:>11.1f}{ratio(plan, grid):>7}{ratio(plan, dp):>7}  {describe(plan)}",
-              flush=True)
+              f"{plan.predicted.step_time_s * 1e3:>11.1f}{ratio(plan, grid):>7}{ratio(plan, dp):>7}{searched}"
+              f"  {describe(plan)}", flush=True)
         if grid is None:
             print(f"{'':<14}  grid: {row.get('grid_error', 'n/a')[:160]}")
         if dp is None:

@@ -554,3 +554,18 @@ def test_panel_layer_bars_click_and_operator_search():
     assert app.op_table.object.count("<tr>") == min(len(app.session.plan.layers[2].nodes), 200) + 1
     app.op_search.value = "dot_general"
     assert 1 < app.op_table.object.count("<tr>") < 40
+
+
+def test_the_schedule_control_replans_under_zb_h1_and_the_timeline_draws_its_w_apart():
+    graph = tiny_graph()
+    plan = hand_plan(graph, cuts=(2,), pins=av.Pins().with_cut(2))
+    ed = _show(PlanEditor(EditorSession(graph, plan, solve_options={"progress": False})), "Timeline")
+    assert "zb-h1" in ed.schedule.options and "auto" in ed.schedule.options
+    ed.schedule.value = "zb-h1"
+    assert ed.session.plan.schedule.kind == "zb-h1" and ed.session.plan.num_stages >= 2
+    ed.render()
+    drawn = {trace.name for trace in ed.timeline_figure.data}
+    assert {"forward", "backward", "weight_grad"} <= drawn
+    ed.schedule.value = "auto"
+    notes = ed.session.plan.solver.notes
+    assert any(note.startswith(f"schedule: {ed.session.plan.schedule.kind} chosen") for note in notes)
