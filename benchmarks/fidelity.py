@@ -2,9 +2,9 @@
 
 On the 8 virtual CPU devices, with the cluster calibrated on this machine
 (`av.Cluster.local(calibrate=True)`, priced at 100% of the measured rates),
-a small GPT is planned fourteen ways: data parallelism, tensor parallelism,
+a small GPT is planned sixteen ways: data parallelism, tensor parallelism,
 a mixed 2-D mesh, 2- and 4-stage pipelines at 1 to 32 microbatches, with and
-without recomputation, and the solver's own plans (at the default count
+without recomputation, under 1F1B and ZB-H1, and the solver's own plans (at the default count
 and with the count searched).  Each plan is launched with `av.parallelize`'s
 defaults, as a user runs it, and timed (median of `--repeats` steps after
 two warm-up steps).  Prints, per plan, predicted and measured ms and their
@@ -39,11 +39,11 @@ def candidate_pins(av, num_devices: int, microbatches: int) -> dict[str, object]
     """The plans to compare, as pins (the ILP fills in whatever a pin leaves open)."""
     half, quarter = num_devices // 2, num_devices // 4
 
-    def stages(n, size, logical=None, remat=False, count=microbatches):
+    def stages(n, size, logical=None, remat=False, count=microbatches, schedule=None):
         return av.Pins(num_stages=n, num_microbatches=count,
                        stage_submeshes=tuple((i, (1, size)) for i in range(n)),
                        stage_logical_meshes=tuple((i, logical) for i in range(n)) if logical else (),
-                       stage_remat=tuple((i, True) for i in range(n)) if remat else ())
+                       stage_remat=tuple((i, True) for i in range(n)) if remat else (), schedule=schedule)
 
     return {
         "tensor parallel: 1 stage, 1x8 as 1x8": stages(1, num_devices, (1, num_devices)),
@@ -57,6 +57,8 @@ def candidate_pins(av, num_devices: int, microbatches: int) -> dict[str, object]
         "2 stages 1x4 (ILP), 32 microbatches": stages(2, half, count=32),
         "2 stages 1x4 as 4x1, recomputing": stages(2, half, (half, 1), remat=True),
         "4 stages 1x2 as 2x1, 8 microbatches, recomputing": stages(4, quarter, (quarter, 1), remat=True, count=8),
+        "2 stages 1x4 as 4x1, 8 microbatches, zb-h1": stages(2, half, (half, 1), count=8, schedule="zb-h1"),
+        "4 stages 1x2 as 2x1, 8 microbatches, zb-h1": stages(4, quarter, (quarter, 1), count=8, schedule="zb-h1"),
     }
 
 
