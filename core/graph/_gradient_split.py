@@ -25,11 +25,8 @@ def input_gradient_nodes(graph: OpGraph, nodes: Collection[str]) -> frozenset[st
     other W operators, the update and the step's results.
     """
     inside = set(nodes)
-    readers: dict[str, list[str]] = {}
-    for node in graph.nodes:
-        for t in node.inputs:
-            readers.setdefault(t, []).append(node.name)
-    producer = {t: n.name for n in graph.nodes if n.name in inside for t in n.outputs}
+    readers = graph.consumers
+    producer = {t: name for name in inside for t in graph.node(name).outputs}
     stack = [
         n for n in inside if graph.node(n).role == "backward" and any(
             r not in inside and graph.node(r).role == "backward"

@@ -34,10 +34,10 @@ from alpaviz.core.plan import InfeasiblePinsError, Pins, Plan
 _SET_BY_THE_BASELINE = ("pins", "submeshes", "tolerance", "previous")
 
 
-
 def baseline_schedule(options: SolveOptions) -> str:
     """The schedule a baseline runs: the options' own, or 1F1B (what Megatron-LM runs) when they say "auto"."""
     return "1f1b" if options.schedule == "auto" else options.schedule
+
 
 def _graph(fn_or_graph: Callable[..., Any] | OpGraph, args: tuple, options: SolveOptions) -> OpGraph:
     """The step's graph at microbatch size, layered as the options say."""
@@ -154,8 +154,8 @@ def megatron_grid(
             stages = [StageChoice(a, b, mesh) for a, b in zip(bounds, bounds[1:])]
             name = f"{label} + recompute" if remat else label
             try:
-                plans.append((name, evaluate_stages(setup, stages, Pins(), options.num_microbatches, baseline_schedule(options),
-                                                    notes=(f"grid baseline {name}",))))
+                plans.append((name, evaluate_stages(setup, stages, Pins(), options.num_microbatches,
+                                                    baseline_schedule(options), notes=(f"grid baseline {name}",))))
                 break
             except ValueError as err:
                 error = err

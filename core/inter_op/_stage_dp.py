@@ -375,10 +375,10 @@ class _Problem:
             return self._run_fixed(t_max, only_n, track)
         if self.schedule == "zb-h1" and c.num_stages is None and not c.stage_meshes:
             return self._run_by_count(t_max, track)
-        if (c.stage_meshes or self.schedule == "zb-h1") and c.num_stages is None:
-            # A mesh pinned on stage k only holds in plans of more than k stages; ZB-H1's memory on every
-            # stage depends on how many stages there are in all.
-            fewest = max((stage for stage, _ in c.stage_meshes), default=0) + 1
+        if c.stage_meshes and c.num_stages is None:
+            # A mesh pinned on stage k only holds in plans of more than k stages (under any schedule, ZB-H1's
+            # memory rule included: each count's run applies it).
+            fewest = max(stage for stage, _ in c.stage_meshes) + 1
             best, by_stages = _RunResult(math.inf, None), {}
             for n_total in range(fewest, self.max_stages + 1):
                 result = self._run_fixed(t_max, n_total, track)

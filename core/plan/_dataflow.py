@@ -138,8 +138,8 @@ def analyze(
 
     exec_role = _task_roles(graph, stage_of, const_nodes, producer)
     levels = 1 + max((update_level(r) for r in exec_role.values() if is_update(r)), default=0)
-    split = getattr(plan.schedule, "kind", None) == "zb-h1"
-    per_microbatch = ("forward", "backward", WEIGHT_GRAD) if split else ("forward", "backward")
+    split = plan.schedule.kind == "zb-h1"
+    per_microbatch = (*PER_MICROBATCH, WEIGHT_GRAD) if split else PER_MICROBATCH
     roles = (*per_microbatch, *(update_role(level) for level in range(levels)))
     task_of_tensor: dict[str, tuple[int, str]] = {}
     own: dict[tuple[int, str], list[str]] = {(s, r): [] for s in range(plan.num_stages) for r in roles}

@@ -140,36 +140,33 @@ def compute_order(
     elif kind == "gpipe":
         runs = [("forward", k) for k in range(m)] + [("backward", k) for k in range(m)]
     elif kind == "1f1b":
-        warm = min(n - stage - 1, m)
-        runs = [("forward", k) for k in range(warm)]
-        for k in range(m - warm):
-            runs += [("forward", warm + k), ("backward", k)]
-        runs += [("backward", k) for k in range(m - warm, m)]
+        runs = _one_f_one_b(n, m, stage)
     else:
         raise ValueError(f"unknown schedule kind {kind!r}; use '1f1b', 'gpipe' or 'zb-h1'")
     runs += [(update_role(level), ONCE) for level in range(update_levels)]
     return tuple(runs)  # type: ignore[return-value]
 
 
+def _one_f_one_b(n: int, m: int, stage: int) -> list[tuple[str, int]]:
+    """1F1B's forward and backward runs of one stage (see `compute_order`)."""
+    warm = min(n - stage - 1, m)
+    runs = [("forward", k) for k in range(warm)]
+    for k in range(m - warm):
+        runs += [("forward", warm + k), ("backward", k)]
+    return runs + [("backward", k) for k in range(m - warm, m)]
+
+
 def _zero_bubble_h1(n: int, m: int, stage: int) -> list[tuple[str, int]]:
     """ZB-H1's forward, B and W runs of one stage: 1F1B's order, W delayed by `stage` backwards."""
-    warm = min(n - stage - 1, m)
-    runs: list[tuple[str, int]] = [("forward", k) for k in range(warm)]
+    runs: list[tuple[str, int]] = []
     waiting: list[int] = []  # microbatches whose B has run and whose W has not
-
-    def backward(k: int) -> None:
-        runs.append(("backward", k))
-        waiting.append(k)
-        while len(waiting) > stage:
-            runs.append((WEIGHT_GRAD, waiting.pop(0)))
-
-    for k in range(m - warm):
-        runs.append(("forward", warm + k))
-        backward(k)
-    for k in range(m - warm, m):
-        backward(k)
-    runs += [(WEIGHT_GRAD, k) for k in waiting]
-    return runs
+    for role, k in _one_f_one_b(n, m, stage):
+        runs.append((role, k))
+        if role == "backward":
+            waiting.append(k)
+            if len(waiting) > stage:
+                runs.append((WEIGHT_GRAD, waiting.pop(0)))
+    return runs + [(WEIGHT_GRAD, k) for k in waiting]
 
 
 def build_instructions(
