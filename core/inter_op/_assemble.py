@@ -128,33 +128,38 @@ def step_breakdown(stages: Sequence[Stage], timeline: Timeline, memory_limit_byt
     """The step's price and where its time goes, read from the simulated step (`timeline`).
 
     `step_time_s` is the timeline's end: the plan's price is the simulation
-    of its own instruction lists.  The rest follows the busiest stage: its
+    of its own instruction lists.  The rest follows the busiest submesh (a
+    timeline row; its stages' costs summed when it holds several chunks): its
     forward and backward time split into computation, collectives and
     resharding in the proportions its cost has, its sends as `cross_stage_s`,
     its update split into computation and once-per-step reductions, and its
-    idle time as `bubble_s`.  The five add up to `step_time_s`.
+    idle time as `bubble_s`.  The five add up to `step_time_s`.  A submesh's
+    memory is the sum of its stages' peaks.
     """
-    busiest = max(range(len(stages)), key=timeline.busy_s)
-    c = stages[busiest].cost
+    rows = timeline.num_stages
+    busiest = max(range(rows), key=timeline.busy_s)
+    mine = [s.cost for s in stages[busiest::rows]]
+    total = lambda field: sum(getattr(c, field) for c in mine)  # noqa: E731
     spent = {"microbatch": 0.0, "send": 0.0, "update": 0.0}
     for e in timeline.events:
         if e.stage == busiest and e.kind != "recv":
             spent["microbatch" if e.kind in ("forward", "backward", "weight_grad") else e.kind] += e.duration_s
-    recv = c.recv_forward_s + c.recv_backward_s
-    comm = max(c.communication_s - c.step_communication_s - recv, 0.0)
-    compute = max(c.microbatch_s - recv - comm - c.resharding_s, 0.0)
-    priced = compute + comm + c.resharding_s
+    recv = total("recv_forward_s") + total("recv_backward_s")
+    comm = max(total("communication_s") - total("step_communication_s") - recv, 0.0)
+    compute = max(total("microbatch_s") - recv - comm - total("resharding_s"), 0.0)
+    priced = compute + comm + total("resharding_s")
     scale = spent["microbatch"] / priced if priced > 0 else 0.0
-    update_comm = spent["update"] * min(c.step_communication_s / c.update_s, 1.0) if c.update_s > 0 else 0.0
+    update_s = total("update_s")
+    update_comm = spent["update"] * min(total("step_communication_s") / update_s, 1.0) if update_s > 0 else 0.0
     step_s = timeline.total_s
     return PredictedCost(
         step_time_s=step_s,
         compute_s=compute * scale + spent["update"] - update_comm,
         communication_s=comm * scale + update_comm,
-        resharding_s=c.resharding_s * scale,
+        resharding_s=total("resharding_s") * scale,
         cross_stage_s=spent["send"],
         bubble_s=max(step_s - sum(spent.values()), 0.0),
-        max_memory_bytes=max(s.cost.memory_bytes for s in stages),
+        max_memory_bytes=max(sum(s.cost.memory_bytes for s in stages[row::rows]) for row in range(rows)),
         memory_limit_bytes=memory_limit_bytes,
     )
 

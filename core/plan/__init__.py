@@ -48,6 +48,9 @@ from alpaviz.core.plan._dataflow import analyze as analyze
 from alpaviz.core.plan._instructions import ONCE as ONCE
 from alpaviz.core.plan._instructions import SCHEDULE_KINDS as SCHEDULE_KINDS
 from alpaviz.core.plan._instructions import WEIGHT_GRAD as WEIGHT_GRAD
+from alpaviz.core.plan._instructions import INTERLEAVED as INTERLEAVED
+from alpaviz.core.plan._instructions import mesh_order as mesh_order
+from alpaviz.core.plan._instructions import max_live_microbatches as max_live_microbatches
 from alpaviz.core.plan._instructions import Program as Program
 from alpaviz.core.plan._instructions import fusable_runs as fusable_runs
 from alpaviz.core.plan._instructions import interleave as interleave
@@ -92,6 +95,9 @@ __all__ = [
     "Schedule",
     "ScheduleKind",
     "WEIGHT_GRAD",
+    "INTERLEAVED",
+    "mesh_order",
+    "max_live_microbatches",
     "SCHEDULE_KINDS",
     "SCHEMA_VERSION",
     "shard_shape",

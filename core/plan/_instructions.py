@@ -15,8 +15,10 @@ from alpaviz.core.graph import Role
 
 Op = Literal["run", "send", "recv", "free"]
 ONCE = -1  # the microbatch index of work done once per step (the optimizer update)
-# The pipeline schedules `compute_order` knows: 1F1B, GPipe, and zero bubble H1 (backward split into B and W).
-SCHEDULE_KINDS: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1")
+# The pipeline schedules `compute_order` knows: 1F1B, GPipe, zero bubble H1 (backward split into B and W),
+# and interleaved 1F1B (several model chunks, i.e. stages, per submesh).
+SCHEDULE_KINDS: tuple[str, ...] = ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b")
+INTERLEAVED = "interleaved-1f1b"
 # The task a zero-bubble schedule splits off a stage's backward: what only weight gradients need (its W).
 WEIGHT_GRAD = "weight_grad"
 
@@ -130,7 +132,8 @@ def compute_order(
     into B (the input gradient the stage before waits for) and W (the
     `WEIGHT_GRAD` task): stage i runs a microbatch's W only once i later B's
     have run, so the W's fill the warm-up and drain bubbles while every
-    stage holds at most n microbatches, 1F1B's peak.
+    stage holds at most n microbatches, 1F1B's peak.  Interleaved 1F1B
+    orders a submesh's several stages together: see `mesh_order`.
     """
     n, m = num_stages, num_microbatches
     if not 0 <= stage < n:
@@ -141,10 +144,72 @@ def compute_order(
         runs = [("forward", k) for k in range(m)] + [("backward", k) for k in range(m)]
     elif kind == "1f1b":
         runs = _one_f_one_b(n, m, stage)
+    elif kind == INTERLEAVED:
+        raise ValueError("interleaved 1F1B orders a submesh's stages together: use mesh_order")
     else:
-        raise ValueError(f"unknown schedule kind {kind!r}; use '1f1b', 'gpipe' or 'zb-h1'")
+        raise ValueError(f"unknown schedule kind {kind!r}; use one of {list(SCHEDULE_KINDS)}")
     runs += [(update_role(level), ONCE) for level in range(update_levels)]
     return tuple(runs)  # type: ignore[return-value]
+
+
+def mesh_order(
+    kind: str, num_stages: int, num_microbatches: int, mesh: int, update_levels: int = 1, chunks: int = 1,
+) -> tuple[tuple[int, Role, int], ...]:
+    """The (stage, role, microbatch) runs of one submesh's list.
+
+    With one chunk a submesh holds one stage (`compute_order`).  Interleaved
+    1F1B (Narayanan et al. 2021) puts `chunks` = v stages on each of the
+    p = n / v submeshes, stage j on submesh j mod p.  A submesh takes its
+    microbatches in groups of p: the group's forwards through its first
+    chunk, then through its second, and so on (backwards in the reverse
+    chunk order); it warms up with 2(p - d - 1) + (v - 1)p such forwards on
+    submesh d, then alternates one forward and one backward, then drains.
+    A bubble then lasts a chunk's time, not a stage's: about 1/v of 1F1B's.
+    The microbatch count must be a multiple of p.
+    """
+    check_chunks(kind, num_stages, num_microbatches, chunks)
+    if kind != INTERLEAVED:
+        return tuple((mesh, role, k) for role, k in compute_order(kind, num_stages, num_microbatches, mesh,
+                                                                   update_levels))
+    p, v, m = num_stages // chunks, chunks, num_microbatches
+    if not 0 <= mesh < p:
+        raise ValueError(f"submesh {mesh} is outside a pipeline of {p} submeshes")
+
+    def nth(k: int, backward: bool) -> tuple[int, str, int]:
+        chunk = (k // p) % v
+        microbatch = (k // (p * v)) * p + k % p
+        if backward:
+            return ((v - 1 - chunk) * p + mesh, "backward", microbatch)
+        return (chunk * p + mesh, "forward", microbatch)
+
+    total = m * v
+    warm = min(2 * (p - mesh - 1) + (v - 1) * p, total)
+    runs = [nth(k, False) for k in range(warm)]
+    for k in range(total - warm):
+        runs += [nth(warm + k, False), nth(k, True)]
+    runs += [nth(k, True) for k in range(total - warm, total)]
+    runs += [(c * p + mesh, update_role(level), ONCE) for level in range(update_levels) for c in range(v)]
+    return tuple(runs)  # type: ignore[return-value]
+
+
+def check_chunks(kind: str, num_stages: int, num_microbatches: int, chunks: int) -> None:
+    """Refuse a chunk count the schedule cannot run, saying what would."""
+    if chunks == 1 and kind != INTERLEAVED:
+        return
+    if kind != INTERLEAVED:
+        raise ValueError(f"{chunks} chunks per submesh needs schedule {INTERLEAVED!r}; {kind!r} runs one")
+    if chunks < 2 or num_stages % chunks or num_stages // chunks < 2:
+        raise ValueError(
+            f"interleaved 1F1B needs at least 2 chunks per submesh and at least 2 submeshes, the stage count a "
+            f"multiple of the chunks; got {num_stages} stages in {chunks} chunks (with one submesh, or one "
+            f"chunk, use '1f1b')"
+        )
+    meshes = num_stages // chunks
+    if num_microbatches % meshes:
+        raise ValueError(
+            f"interleaved 1F1B takes microbatches in groups of the submesh count ({meshes}); "
+            f"{num_microbatches} microbatches is not a multiple: use {meshes * max(1, round(num_microbatches / meshes))}"
+        )
 
 
 def _one_f_one_b(n: int, m: int, stage: int) -> list[tuple[str, int]]:
@@ -174,8 +239,12 @@ def build_instructions(
     num_stages: int,
     num_microbatches: int,
     edges: Iterable[Edge] | None = None,
+    chunks: int = 1,
 ) -> Program:
     """Per-mesh instruction lists for a schedule and the stages' data flow.
+
+    One list per submesh: stage i's under one chunk, stages d, d + p, ...
+    of submesh d under interleaved 1F1B (see `mesh_order`).
 
     Around each RUN: a RECV for every edge into that task (before), a SEND
     for every edge out of it (after).  Edges into update tasks are sent once,
@@ -189,6 +258,7 @@ def build_instructions(
     """
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
+    check_chunks(kind, num_stages, num_microbatches, chunks)
     edges = tuple(chain_edges(num_stages) if edges is None else edges)
     for e in edges:
         if not (0 <= e.src_stage < num_stages and 0 <= e.dst_stage < num_stages) or e.src_stage == e.dst_stage:
@@ -196,11 +266,11 @@ def build_instructions(
     program = []
     levels = num_update_levels(edges)
     freed_after = WEIGHT_GRAD if kind == "zb-h1" else "backward"  # the last task to read a microbatch's buffers
-    for stage in range(num_stages):
-        runs = compute_order(kind, num_stages, num_microbatches, stage, levels)
-        last_of = {role: k for role, k in runs}  # the final microbatch each role runs
+    for mesh in range(num_stages // chunks):
+        runs = mesh_order(kind, num_stages, num_microbatches, mesh, levels, chunks)
+        last_of = {(stage, role): k for stage, role, k in runs}  # the final microbatch each task runs
         out: list[Instruction] = []
-        for role, k in runs:
+        for stage, role, k in runs:
             for e in edges:
                 if e.dst_stage == stage and e.dst_role == role:
                     out.append(Instruction("recv", stage, e.src_role, k, e.src_stage, role))
@@ -210,7 +280,7 @@ def build_instructions(
                     continue
                 if e.per_microbatch:
                     out.append(Instruction("send", stage, role, k, e.dst_stage, e.dst_role))
-                elif is_update(role) or k == last_of[role]:
+                elif is_update(role) or k == last_of[(stage, role)]:
                     out.append(Instruction("send", stage, role, ONCE, e.dst_stage, e.dst_role))
             if role == freed_after:
                 out.append(Instruction("free", stage, "forward", k))
@@ -229,11 +299,11 @@ def fusable_runs(program: Program) -> dict[tuple[int, str, int], tuple[str, ...]
     microbatch), the update joins too, giving one executable per step.
     """
     out: dict[tuple[int, str, int], tuple[str, ...]] = {}
-    for stage, lst in enumerate(program):
+    for lst in program:
         for i, ins in enumerate(lst[:-1]):
             nxt = lst[i + 1]
             if not (ins.op == "run" and ins.role == "forward" and nxt.op == "run" and nxt.role == "backward"
-                    and nxt.microbatch == ins.microbatch):
+                    and nxt.microbatch == ins.microbatch and nxt.stage == ins.stage):
                 continue
             roles, j = ["forward", "backward"], i + 2
             after = lst[j] if j < len(lst) else None
@@ -242,20 +312,23 @@ def fusable_runs(program: Program) -> dict[tuple[int, str, int], tuple[str, ...]
                 j += 1
             rest = [x for x in lst[j:] if x.op != "free"]
             whole = i == 0 and len(rest) == 1 and rest[0].op == "run" and rest[0].role == "update"
-            out[(stage, "forward", ins.microbatch)] = (*roles, "update") if whole else tuple(roles)
+            out[(ins.stage, "forward", ins.microbatch)] = (*roles, "update") if whole else tuple(roles)
     return out
 
 
-def max_live_microbatches(instructions: Sequence[Instruction]) -> int:
-    """The most microbatches whose forward activations one list holds at once."""
-    live: set[int] = set()
+def max_live_microbatches(instructions: Sequence[Instruction], stage: int | None = None) -> int:
+    """The most microbatches whose forward activations one list holds at once (a microbatch of each of
+    its stages counted apart: with interleaved 1F1B a list holds several stages), or only `stage`'s."""
+    live: set[tuple[int, int]] = set()
     peak = 0
     for ins in instructions:
+        if stage is not None and ins.stage != stage:
+            continue
         if ins.op == "run" and ins.role == "forward":
-            live.add(ins.microbatch)
+            live.add((ins.stage, ins.microbatch))
             peak = max(peak, len(live))
         elif ins.op == "free":
-            live.discard(ins.microbatch)
+            live.discard((ins.stage, ins.microbatch))
     return peak
 
 

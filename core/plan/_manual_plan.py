@@ -33,7 +33,8 @@ def manual_plan(
     devices_per_stage: int | None = None,
     cost_model: CostModel = CostModel(),
 ) -> Plan:
-    """A plan with the given cuts, meshes and specs; each stage gets an equal block of devices.
+    """A plan with the given cuts, meshes and specs; each stage gets an equal block of devices (each
+    submesh, when the schedule is interleaved: stage i runs on the block of submesh i mod p).
 
     `stage_cuts` are the layers where stages 1.. start.  `logical_meshes`
     is one (rows, cols) shape for every stage or one per stage (default
@@ -59,17 +60,22 @@ def manual_plan(
             f"graph {graph.name!r} has {len(layers)} layers"
         )
     num_stages = len(bounds) - 1
-    per_stage = devices_per_stage or cluster.num_devices // num_stages
-    if per_stage < 1 or per_stage * num_stages > cluster.num_devices:
+    if num_stages % schedule.chunks:
+        raise ValueError(f"{num_stages} stages do not split into {schedule.chunks} chunks per submesh: use a "
+                         f"multiple of {schedule.chunks} stages")
+    submeshes = num_stages // schedule.chunks  # stage i on submesh i mod submeshes
+    per_stage = devices_per_stage or cluster.num_devices // submeshes
+    if per_stage < 1 or per_stage * submeshes > cluster.num_devices:
         raise ValueError(
-            f"{num_stages} stages of {per_stage} devices do not fit the cluster's {cluster.num_devices} devices; "
+            f"{submeshes} submeshes of {per_stage} devices do not fit the cluster's {cluster.num_devices} devices; "
             f"use fewer stages or pass devices_per_stage"
         )
     meshes = _per_stage(logical_meshes, num_stages, "logical_meshes") if logical_meshes is not None else None
     specs = _per_stage_specs(partition_specs, num_stages)
     stages = []
     for i in range(num_stages):
-        device_ids = tuple(range(i * per_stage, (i + 1) * per_stage))
+        home = i % submeshes
+        device_ids = tuple(range(home * per_stage, (home + 1) * per_stage))
         mesh = tuple(meshes[i]) if meshes is not None else (per_stage, 1)
         touched = _tensors_of_layers(graph, layers[bounds[i]:bounds[i + 1]])
         stage_specs = {}

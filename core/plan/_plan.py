@@ -17,14 +17,14 @@ from typing import Literal, Mapping
 from alpaviz.core.cost import Cluster, CostModel
 from alpaviz.core.graph import OpGraph, check_int, check_number
 from alpaviz.core.plan._memory import MemoryBreakdown
-from alpaviz.core.plan._instructions import SCHEDULE_KINDS
+from alpaviz.core.plan._instructions import INTERLEAVED, SCHEDULE_KINDS, check_chunks
 from alpaviz.core.plan._pins import Pins
 from alpaviz.core.plan._serde import PlanFormatError, from_jsonable, load_json, to_jsonable
 from alpaviz.core.plan._spec import Spec, check_spec, spec_name
 
 SCHEMA_VERSION = 1
 # The pipeline schedules (`SCHEDULE_KINDS`, see `compute_order`).
-ScheduleKind = Literal["1f1b", "gpipe", "zb-h1"]
+ScheduleKind = Literal["1f1b", "gpipe", "zb-h1", "interleaved-1f1b"]
 # How a statistic over the batch (BatchNorm's mean and variance) is taken when the batch is split into
 # microbatches: over the global batch (a step whose statistics feed back into per-example work is then
 # refused with several microbatches), or per microbatch (ghost batch norm: each microbatch its own).
@@ -149,21 +149,33 @@ class Stage:
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """Pipeline schedule, microbatch count, and how batch statistics are taken (see `BatchStatistics`)."""
+    """Pipeline schedule, microbatch count, how batch statistics are taken (see `BatchStatistics`), and
+    how many stages (model chunks) each submesh holds: more than one only under interleaved 1F1B, where
+    stage j runs on the submesh of stage j mod (stages / chunks)."""
 
     kind: ScheduleKind = "1f1b"
     num_microbatches: int = 1
     batch_statistics: BatchStatistics = "global"
+    chunks: int = 1
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULE_KINDS:
             raise ValueError(f"schedule kind must be one of {list(SCHEDULE_KINDS)}, got {self.kind!r}")
         check_int("num_microbatches", self.num_microbatches, minimum=1, maximum=MAX_MICROBATCHES)
+        check_int("chunks", self.chunks, minimum=1, maximum=MAX_MICROBATCHES)
+        if (self.chunks > 1) != (self.kind == INTERLEAVED):
+            raise ValueError(f"schedule {self.kind!r} with {self.chunks} chunks per submesh: interleaved 1F1B "
+                             f"runs 2 or more chunks per submesh, every other schedule one")
         if self.batch_statistics not in BATCH_STATISTICS:
             raise ValueError(
                 f"batch_statistics must be one of {list(BATCH_STATISTICS)}, got {self.batch_statistics!r}: "
                 f"'global' keeps jax.jit's numbers, 'per_microbatch' normalises each microbatch by its own"
             )
+
+    @property
+    def label(self) -> str:
+        """The kind, with its chunks per submesh when interleaved: "interleaved-1f1b (2 chunks)"."""
+        return f"{self.kind} ({self.chunks} chunks)" if self.chunks > 1 else self.kind
 
     @property
     def statistics_note(self) -> str:
@@ -246,13 +258,25 @@ class Plan:
             expected = stage.layer_stop
         if expected != len(self.layers):
             raise ValueError(f"the stages cover {expected} layers but the plan has {len(self.layers)}")
+        check_chunks(self.schedule.kind, self.num_stages, self.schedule.num_microbatches, self.schedule.chunks)
         self._check_devices()
 
     def _check_devices(self) -> None:
-        """Each stage on a real submesh of the cluster; no device in two stages."""
+        """Each stage on a real submesh of the cluster; no device in two submeshes; under interleaved 1F1B
+        stage j on the very submesh (devices and logical mesh) of stage j mod p."""
         owner: dict[int, int] = {}
         per_host = self.cluster.devices_per_host
-        for stage in self.stages:
+        p = self.num_submeshes
+        for stage in self.stages[p:]:
+            home = self.stages[stage.index % p]
+            if (stage.device_ids, stage.submesh, stage.logical_mesh) != (home.device_ids, home.submesh,
+                                                                          home.logical_mesh):
+                raise ValueError(
+                    f"stage {stage.index} is chunk {stage.index // p} of submesh {stage.index % p} under "
+                    f"interleaved 1F1B, so it runs on stage {home.index}'s devices {list(home.device_ids)} as "
+                    f"{home.logical_mesh}; it has {list(stage.device_ids)} as {stage.logical_mesh}"
+                )
+        for stage in self.stages[:p]:
             self.cluster.validate_submesh(stage.submesh)
             for d in stage.device_ids:
                 if d >= self.cluster.num_devices:
@@ -277,6 +301,15 @@ class Plan:
     def num_stages(self) -> int:
         """How many pipeline stages the plan has."""
         return len(self.stages)
+
+    @property
+    def num_submeshes(self) -> int:
+        """How many disjoint submeshes the stages run on: the stage count over the chunks per submesh."""
+        return len(self.stages) // self.schedule.chunks
+
+    def submesh_of(self, stage: int) -> int:
+        """The submesh (the instruction list, the timeline's row) that runs `stage`."""
+        return stage % self.num_submeshes
 
     @property
     def stage_cuts(self) -> tuple[int, ...]:
@@ -342,7 +375,7 @@ class Plan:
         p = self.predicted
         lines = [
             f"Plan for {self.model!r} on {self.cluster.name} ({self.cluster.num_devices} devices), "
-            f"{self.schedule.kind} x {self.schedule.num_microbatches} microbatches{self.schedule.statistics_note}",
+            f"{self.schedule.label} x {self.schedule.num_microbatches} microbatches{self.schedule.statistics_note}",
             f"  predicted step {p.step_time_s * 1e3:.3f} ms  (compute {p.compute_s * 1e3:.3f}, comm "
             f"{p.communication_s * 1e3:.3f}, reshard {p.resharding_s * 1e3:.3f}, cross-stage "
             f"{p.cross_stage_s * 1e3:.3f}, bubble {p.bubble_s * 1e3:.3f} ms)",

@@ -42,7 +42,7 @@ def simulate(
     hardware: str = "",
     shared: SharedHardware | None = None,
 ) -> Timeline:
-    """Play the lists as events on shared resources.
+    """Play the lists (one per submesh) as events on shared resources; the events' rows are the lists.
 
     A RUN takes the launch cost, then `run_s[(stage, role)]` of work at the
     rate its devices get while the other stages' devices are busy too (see
@@ -80,6 +80,7 @@ class _Player:
         self.launch_s = 0.0 if shared is None else shared.launch_s
         self.fused = fusable_runs(program)
         self.cursor = [0] * len(program)
+        self.list_of = {ins.stage: s for s, lst in enumerate(program) for ins in lst}  # stage -> its list
         self.active: dict[int, _Task] = {}
         self.sent_at: dict[tuple, float] = {}
         self.arrived: dict[tuple, float] = {}
@@ -115,15 +116,15 @@ class _Player:
         if ins.op == "run":
             # A backward fused with its forward runs in the forward's executable: no launch of its own,
             # and none of the forward nodes a recomputing stage would run again (the group runs each once).
-            fused_roles = self.fused.get((s, "forward", ins.microbatch), ())
+            fused_roles = self.fused.get((ins.stage, "forward", ins.microbatch), ())
             fused = ins.role in ("backward", WEIGHT_GRAD) and ins.role in fused_roles
-            work = self.run_s.get((s, ins.role), 0.0)
+            work = self.run_s.get((ins.stage, ins.role), 0.0)
             if fused:
-                work = self.run_s.get((s, FUSED_BACKWARD), work)
+                work = self.run_s.get((ins.stage, FUSED_BACKWARD), work)
             task = _Task(ins, self.now, self.launch_s if work > 0 and not fused else 0.0, work)
         else:
             self.sent_at[ins.transfer_key] = self.now
-            links = () if self.shared is None else self.shared.links(s, ins.peer)
+            links = () if self.shared is None else self.shared.links(s, self.list_of[ins.peer])
             task = _Task(ins, self.now, 0.0, self.transfer_s.get(ins.transfer_key[:4], 0.0), links)
         if task.fixed_s + task.work_s > 0:
             self.active[s] = task
@@ -230,4 +231,4 @@ def plan_program(plan, graph=None) -> tuple[Program, dict, dict]:
         for e in into:
             share = e.nbytes / total if total > 0 else 1.0 / len(into)
             transfer_s[(e.src_stage, e.src_role, e.dst_stage, e.dst_role)] = receive.get(key, 0.0) * share
-    return build_instructions(plan.schedule.kind, n, m, edges), run_s, transfer_s
+    return build_instructions(plan.schedule.kind, n, m, edges, plan.schedule.chunks), run_s, transfer_s

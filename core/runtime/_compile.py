@@ -111,7 +111,7 @@ def compile_step(
         accumulate = _accumulation(full, mb_graph, m, loss_reduction, name)
     flow = analyze(mb_graph, plan, batch_inputs, per_example=_per_example_outputs(full, mb_graph, m),
                    accumulate=accumulate, generated=how.drawn, whole=how.whole, partial=how.partial)
-    program = build_instructions(plan.schedule.kind, plan.num_stages, m, flow.edges)
+    program = build_instructions(plan.schedule.kind, plan.num_stages, m, flow.edges, plan.schedule.chunks)
     return CompiledStep(
         graph=mb_graph,
         plan=plan,

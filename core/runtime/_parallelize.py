@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from alpaviz.core.graph import OpGraph, check_int, check_same_static, split_static
-from alpaviz.core.plan import build_instructions, interleave, Plan, Program, Timeline
+from alpaviz.core.plan import INTERLEAVED, build_instructions, interleave, Plan, Program, Timeline
 from alpaviz.core.runtime._compile import CompiledStep, check_args, check_loss_reduction, compile_step
 from alpaviz.core.runtime._local_engine import LocalEngine
 from alpaviz.core.runtime._ray_engine import RayEngine
@@ -129,8 +129,9 @@ class ParallelStep:
 
         Tasks do not depend on the order they run in, so only the
         instruction lists change; handy to compare measured timelines.
-        ZB-H1 has tasks of its own (each backward split in two), so a step
-        moves to or from it by `av.parallelize` of the plan under it.
+        ZB-H1 has tasks of its own (each backward split in two), and
+        interleaved 1F1B places several stages on each submesh, so a step
+        moves to or from either by `av.parallelize` of the plan under it.
         """
         if self.compiled is None:
             raise ValueError("call the step once (or pass example_args) before switching its schedule")
@@ -138,11 +139,17 @@ class ParallelStep:
             raise ValueError(
                 f"this step was compiled for {self.plan.schedule.kind!r}, whose tasks differ from {kind!r}'s "
                 f"(zb-h1 splits each backward into B and W); parallelize a plan made with schedule={kind!r}")
+        if (kind == INTERLEAVED) != (self.plan.schedule.kind == INTERLEAVED):
+            raise ValueError(
+                f"this step was compiled for {self.plan.schedule.kind!r}; {kind!r} places the stages on other "
+                f"devices (interleaved 1F1B runs several stages per submesh): parallelize a plan made with "
+                f"schedule={kind!r}")
         plan = dataclasses.replace(self.plan, schedule=dataclasses.replace(self.plan.schedule, kind=kind))
         other = object.__new__(ParallelStep)
         other.__dict__.update(self.__dict__)
         other.plan = plan
-        program = build_instructions(kind, plan.num_stages, self.compiled.num_microbatches, self.compiled.flow.edges)
+        program = build_instructions(kind, plan.num_stages, self.compiled.num_microbatches, self.compiled.flow.edges,
+                                     plan.schedule.chunks)
         other.compiled = dataclasses.replace(self.compiled, program=program, order=interleave(program))
         other._engine = self._engine.with_compiled(other.compiled)
         other._last_trace = None
@@ -165,7 +172,7 @@ class ParallelStep:
         if timed:
             self._last_trace = Timeline(
                 events=tuple(events),
-                num_stages=self.plan.num_stages,
+                num_stages=self.plan.num_submeshes,
                 num_microbatches=self.compiled.num_microbatches,
                 schedule=self.plan.schedule.kind,
                 source="measured",
