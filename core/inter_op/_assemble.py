@@ -42,10 +42,12 @@ def assemble_plan(
     The plan's price is its simulated step (`predicted_timeline`); the breakdown is `step_breakdown`'s.
     """
     profiles = setup.profiles
-    n = len(solution.stages)
+    n, v = len(solution.stages), solution.chunks
+    offsets = stage_offsets(setup.table, solution.stages[:n // v])  # stage i on submesh i mod (n / v)
     stages, statuses = [], set()
-    for i, (choice, first) in enumerate(zip(solution.stages, stage_offsets(setup.table, solution.stages))):
-        stage, layer_statuses = _stage(setup, i, choice, first, in_flight(i, n, num_microbatches, schedule))
+    for i, choice in enumerate(solution.stages):
+        stage, layer_statuses = _stage(setup, i, choice, offsets[i % len(offsets)],
+                                       in_flight(i, n, num_microbatches, schedule, v))
         stages.append(stage)
         statuses |= layer_statuses
     if "time_limited" in statuses:
@@ -66,7 +68,7 @@ def assemble_plan(
     plan = Plan(
         model=setup.graph.name, graph_fingerprint=setup.graph_fingerprint, cluster=setup.cluster,
         cost_model=setup.cost_model, layers=layers, stages=tuple(stages),
-        schedule=Schedule(schedule, num_microbatches), predicted=unpriced, pins=pins,
+        schedule=Schedule(schedule, num_microbatches, chunks=v), predicted=unpriced, pins=pins,
         solver=SolverInfo(status=status, seconds=seconds, objective=solution.objective_s, notes=tuple(notes),
                           timings=tuple(timings)),
     )

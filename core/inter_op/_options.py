@@ -18,7 +18,7 @@ from alpaviz.core.inter_op._stage_cost import StageCostFn
 from alpaviz.core.inter_op._stage_dp import ScheduleKind
 from alpaviz.core.inter_op._profile_cache import StageProfileCache
 from alpaviz.core.inter_op._profile_workers import ProfileWorkers
-from alpaviz.core.plan import Pins, Plan, Schedule
+from alpaviz.core.plan import INTERLEAVED, Pins, Plan, Schedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +29,9 @@ class SolveOptions:
     * `num_microbatches`: microbatches per step, or "auto" to try every count that divides the
       global batch (needs `global_batch_argnums`); a count in `pins` fixes it instead.
     * `schedule`: the pipeline schedule, "1f1b", "gpipe", "zb-h1" (zero bubble: each backward split into
-      the input gradient and the weight gradient, W filling the bubbles), or "auto" to plan under each and
-      keep the fastest simulated step; a schedule in `pins` fixes it instead.
+      the input gradient and the weight gradient, W filling the bubbles), "interleaved-1f1b" (several
+      stages per submesh, their number searched), or "auto" to plan under each and keep the fastest
+      simulated step; a schedule in `pins` fixes it instead.
     * `pins`: the decisions the user fixed.
     * `memory_limit`: bytes per device (default: the device's memory).
     * `cache`: a `StageProfileCache`, which makes re-solving after a pin cheap.
@@ -81,7 +82,8 @@ class SolveOptions:
         if self.pins.schedule is not None:
             set_("schedule", self.pins.schedule)
         if self.schedule != "auto":  # the kind and the count, checked as the plan's Schedule checks them
-            Schedule(self.schedule, 1 if self.num_microbatches == "auto" else self.num_microbatches)
+            Schedule(self.schedule, 1 if self.num_microbatches == "auto" else self.num_microbatches,
+                     chunks=2 if self.schedule == INTERLEAVED else 1)
         elif self.num_microbatches != "auto":
             Schedule("1f1b", self.num_microbatches)
         if self.memory_limit is not None:

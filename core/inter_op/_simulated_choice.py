@@ -42,7 +42,11 @@ def fastest_simulated(setup: SolveSetup, proposals: Sequence[StageSolution], num
 
 
 def _choice_note(plans: list[Plan], best: Plan, skipped: int) -> str:
-    stages = lambda plan: f"{plan.num_stages} stage{'s' * (plan.num_stages != 1)}"  # noqa: E731
+    def stages(plan: Plan) -> str:
+        chunks = plan.schedule.chunks
+        text = f"{plan.num_stages} stage{'s' * (plan.num_stages != 1)}"
+        return f"{text} ({plan.num_submeshes} submeshes x {chunks} chunks)" if chunks > 1 else text
+
     if len(plans) == 1 and not skipped:
         return "the step simulator priced the stage DP's one layout"
     priced = ", ".join(f"{stages(p)} {p.predicted.step_time_s * 1e3:.4g} ms" for p in plans)

@@ -15,14 +15,17 @@ from alpaviz.core.cost import Cluster
 from alpaviz.core.graph import OpGraph
 from alpaviz.core.inter_op._assemble import assemble_plan
 from alpaviz.core.inter_op._infeasible import constraints_from_pins, diagnose
+from alpaviz.core.inter_op._interleave import MAX_CHUNKS, interleaved_layouts
 from alpaviz.core.inter_op._microbatch_search import args_at_microbatch_size, search_counts
 from alpaviz.core.inter_op._options import SolveOptions, with_option_signature
 from alpaviz.core.inter_op._prepare import prepare
 from alpaviz.core.inter_op._progress import Progress
 from alpaviz.core.inter_op._setup import SolveSetup
 from alpaviz.core.inter_op._simulated_choice import fastest_simulated
-from alpaviz.core.inter_op._stage_dp import NoStagePlanError, StageChoice, StageSolution, solve_stages
-from alpaviz.core.plan import SCHEDULE_KINDS, Pins, Plan
+from alpaviz.core.inter_op._stage_dp import (
+    NoStagePlanError, StageChoice, StageConstraints, StageSolution, solve_stages,
+)
+from alpaviz.core.plan import INTERLEAVED, SCHEDULE_KINDS, InfeasiblePinsError, Pins, Plan
 
 
 @with_option_signature
@@ -82,6 +85,8 @@ def _plan_for_schedule(setup: SolveSetup, options: SolveOptions, schedule: str,
     """The stage DP under `schedule`, its layouts simulated: the fastest plan and the notes on the choice.
 
     When nothing fits, `explain` raises the reason (memory, or which pins); otherwise `NoStagePlanError`."""
+    if schedule == INTERLEAVED:
+        return _interleaved_plan(setup, options, explain)
     solution = _stage_dp(setup, options, schedule, explain)
     gap = "optimal" if options.tolerance == 0 else f"within {options.tolerance:.1%} of optimal"
     notes = (
@@ -99,6 +104,36 @@ def _plan_for_schedule(setup: SolveSetup, options: SolveOptions, schedule: str,
     return fastest_simulated(setup, solution.proposals(), options.num_microbatches, assemble)
 
 
+def _interleaved_plan(setup: SolveSetup, options: SolveOptions, explain: bool) -> tuple[Plan, tuple[str, ...]]:
+    """Interleaved 1F1B: the stage DP's 1F1B layouts (cut and count pins left to the chunks), each
+    submesh's stage re-cut into chunks (`interleaved_layouts`), the fastest simulated plan."""
+    pinned = constraints_from_pins(options.pins, setup.table.meshes, setup.graph.num_layers, setup.cluster)
+    submeshes = StageConstraints(stage_meshes=pinned.stage_meshes)  # the pins on cuts are the chunks'
+    solution = _stage_dp(setup, options, "1f1b", explain, submeshes)
+    m = options.num_microbatches
+    layouts, skipped = interleaved_layouts(setup, solution.proposals(), m, pinned)
+    if not layouts:
+        message = (f"interleaved 1F1B found no layout: {'; '.join(skipped) or 'the pins allow none'}. "
+                   f"It needs 2 or more submeshes, a microbatch count that is a multiple of their number, "
+                   f"and at least twice as many layers; or plan with schedule='1f1b'")
+        if explain:
+            raise InfeasiblePinsError(message)
+        raise NoStagePlanError(message)
+    notes = (
+        f"stage costs: {setup.stage_cost_name}",
+        f"interleaved 1F1B: the stage DP's {len(solution.proposals())} 1F1B layout(s) re-cut into 2 to "
+        f"{MAX_CHUNKS} chunks per submesh, the slowest chunk as fast as it can be; {len(layouts)} fit"
+        + (f" ({'; '.join(skipped)})" if skipped else ""),
+        *control_flow_notes(setup.graph),
+    )
+
+    def assemble(proposal):
+        return assemble_plan(setup, proposal, options.pins, m, INTERLEAVED, 0.0, notes,
+                             exact=options.tolerance == 0)
+
+    return fastest_simulated(setup, layouts, m, assemble)
+
+
 def schedule_choice_note(best: str, step_s: dict[str, float], tried: tuple[str, ...]) -> str:
     """Which schedule won and by how much, each other schedule's simulated step beside it."""
     others = [f"{kind} {step_s[kind]:.4g} s (+{step_s[kind] / step_s[best] - 1:.1%})"
@@ -109,10 +144,13 @@ def schedule_choice_note(best: str, step_s: dict[str, float], tried: tuple[str, 
     return text + (f"; {', '.join(unfit)} found no plan that fits" if unfit else "")
 
 
-def _stage_dp(setup: SolveSetup, options: SolveOptions, schedule: str, explain: bool) -> StageSolution:
-    """The stage DP under the pins; when it finds nothing and `explain`, the reason (memory or which pins)
-    is raised."""
-    constraints = constraints_from_pins(options.pins, setup.table.meshes, setup.graph.num_layers, setup.cluster)
+def _stage_dp(setup: SolveSetup, options: SolveOptions, schedule: str, explain: bool,
+              constraints: StageConstraints | None = None) -> StageSolution:
+    """The stage DP under the pins (or `constraints`); when it finds nothing and `explain`, the reason
+    (memory or which pins) is raised."""
+    if constraints is None:
+        constraints = constraints_from_pins(options.pins, setup.table.meshes, setup.graph.num_layers,
+                                            setup.cluster)
     bar = Progress(options.progress, "stage DP")
     try:
         return solve_stages(

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from alpaviz.core.inter_op._t_max_search import propose_layouts, search_t_max
-from alpaviz.core.plan import SCHEDULE_KINDS, ScheduleKind
+from alpaviz.core.plan import INTERLEAVED, SCHEDULE_KINDS, ScheduleKind, build_instructions, max_live_microbatches
 
 
 
@@ -183,6 +183,8 @@ class StageSolution:
     # Other layouts for the step simulator to price, in the closed form's order: each the best the
     # search found for one other stage count.
     alternatives: tuple["StageSolution", ...] = ()
+    # Stages per submesh: stage j on the submesh of stage j mod (stages / chunks) (interleaved 1F1B).
+    chunks: int = 1
 
     def proposals(self) -> tuple["StageSolution", ...]:
         """This layout, then its alternatives (each with none of its own)."""
@@ -200,12 +202,17 @@ def pipeline_latency(
     return float(sum(times) + sum(updates) + (num_microbatches - 1) * max(times))
 
 
-def in_flight(stage: int, num_stages: int, num_microbatches: int, schedule: ScheduleKind) -> int:
+def in_flight(stage: int, num_stages: int, num_microbatches: int, schedule: ScheduleKind, chunks: int = 1) -> int:
     """Microbatches whose activations stage `stage` of `num_stages` keeps at once.
 
     GPipe keeps every microbatch; 1F1B min(n - i, m) on stage i; ZB-H1
-    min(n, m) on every stage (a later stage's W's wait longer).
+    min(n, m) on every stage (a later stage's W's wait longer); interleaved
+    1F1B what its submesh's order holds (counted from the order itself).
     """
+    if schedule == INTERLEAVED:
+        meshes = num_stages // chunks
+        order = build_instructions(INTERLEAVED, num_stages, num_microbatches, chunks=chunks)[stage % meshes]
+        return max_live_microbatches(order, stage)
     if schedule == "gpipe":
         return num_microbatches
     if schedule == "zb-h1":
@@ -237,8 +244,9 @@ def solve_stages(
 
     Raises `NoStagePlanError` when nothing fits.
     """
-    if schedule not in SCHEDULE_KINDS:
-        raise ValueError(f"schedule must be one of {list(SCHEDULE_KINDS)}, got {schedule!r}")
+    if schedule not in SCHEDULE_KINDS or schedule == INTERLEAVED:
+        raise ValueError(f"schedule must be one of {[k for k in SCHEDULE_KINDS if k != INTERLEAVED]}, got "
+                         f"{schedule!r} (interleaved layouts are cut from 1F1B's: see `interleaved_layouts`)")
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches must be >= 1, got {num_microbatches}")
     problem = _Problem.build(table, num_devices, num_microbatches, schedule, memory_limit_bytes, constraints)

@@ -395,6 +395,6 @@ def stage_cost_table(table: ProfileTable, cluster: Cluster, cost_model: CostMode
         layer_work_s=np.where(np.isfinite(work), work, 0.0),
         cut_in_s=cut_in,
         cut_back_s=cut_back,
-        devices_per_host=cluster.devices_per_host,
+        devices_per_host=cluster.devices_per_host if cluster.num_hosts > 1 else None,  # one host: no host edge
     )
 

@@ -1,0 +1,136 @@
+"""Interleaved 1F1B: a pass after the stage DP that gives each submesh several chunks of the model.
+
+The DP places p stages on p submeshes under 1F1B.  Interleaving keeps those
+submeshes, with their mesh shapes, and cuts the layers again into p * v
+stages, stage j on submesh j mod p: a bubble then lasts a chunk's time, at
+the price of v times the cross-stage transfers and more activations held on
+the first submeshes.  The cuts minimise the slowest chunk (then the sum);
+every submesh's memory (its chunks' state, temporaries and the activations
+its own order keeps in flight) must fit.  The step simulator prices every
+(layout, v) found, as it prices the DP's own layouts.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from alpaviz.core.inter_op._setup import SolveSetup
+from alpaviz.core.inter_op._stage_dp import (
+    StageChoice, StageConstraints, StageSolution, in_flight, layout_solution, stage_offsets,
+)
+from alpaviz.core.plan import INTERLEAVED
+
+MAX_CHUNKS = 4  # beyond this the added transfers outweigh the bubble on every model we measured
+
+
+def interleaved_layouts(setup: SolveSetup, layouts: Sequence[StageSolution], num_microbatches: int,
+                        constraints: StageConstraints) -> tuple[list[StageSolution], list[str]]:
+    """Each 1F1B layout's submeshes re-cut into v = 2..`MAX_CHUNKS` chunks each, where that fits.
+
+    Returns the layouts (`StageSolution.chunks` = v) and why others were not
+    made (a count of microbatches that is no multiple of p, too few layers,
+    memory, pins)."""
+    found: list[StageSolution] = []
+    skipped: list[str] = []
+    table = setup.table
+    for layout in layouts:
+        meshes = [s.mesh for s in layout.stages]
+        p = len(meshes)
+        if p < 2:
+            skipped.append("one stage: nothing to interleave")
+            continue
+        if num_microbatches % p:
+            skipped.append(f"{p} submeshes: {num_microbatches} microbatches is not a multiple of {p}")
+            continue
+        for v in range(2, MAX_CHUNKS + 1):
+            if p * v > table.num_layers:
+                skipped.append(f"{p} submeshes x {v} chunks: only {table.num_layers} layers")
+                break
+            if constraints.num_stages not in (None, p * v):
+                continue
+            stages = chunk_cuts(setup, meshes, v, constraints)
+            if stages is None:
+                skipped.append(f"{p} submeshes x {v} chunks: no cuts keep the pins")
+                continue
+            over = _memory_overflow(setup, stages, p, v, num_microbatches)
+            if over:
+                skipped.append(f"{p} submeshes x {v} chunks: {over}")
+                continue
+            solution = layout_solution(table, stages, num_microbatches)
+            found.append(StageSolution(stages, solution.objective_s, solution.t_max_s, 0, 0, chunks=v))
+    return found, list(dict.fromkeys(skipped))
+
+
+def chunk_cuts(setup: SolveSetup, meshes: Sequence[int], chunks: int,
+               constraints: StageConstraints = StageConstraints()) -> tuple[StageChoice, ...] | None:
+    """The layers cut into len(meshes) * chunks stages, stage j on mesh choice meshes[j mod p], the slowest
+    stage as fast as it can be (then the least sum); None when the pins allow no cut.
+
+    A DP over (stages placed, layers covered); pinned cuts are kept, forbidden ones avoided, pinned
+    meshes honoured."""
+    table = setup.table
+    p, num_layers = len(meshes), table.num_layers
+    n = p * chunks
+    firsts = stage_offsets(table, [StageChoice(0, 1, m) for m in meshes])
+    required = sorted(constraints.required_cuts)
+    forbidden = set(constraints.forbidden_cuts)
+    allowed_mesh = dict(constraints.stage_meshes)
+    if any(meshes[j % p] not in allowed_mesh[j] for j in allowed_mesh if j < n):
+        return None
+    starts = np.arange(num_layers + 1)
+    bottleneck = np.full(num_layers + 1, np.inf)  # best over the first j stages ending at each layer
+    total = np.full(num_layers + 1, np.inf)
+    bottleneck[0] = total[0] = 0.0
+    back: list[np.ndarray] = []
+    for j in range(n):
+        mesh, first = meshes[j % p], firsts[j % p]
+        size = table.meshes[mesh].num_devices
+        times = table.time_s[:, :, mesh].copy()
+        if table.cut_in_s is not None:
+            times += table.cut_in_s[int(table.at_host_edge(first)), :, mesh][:, None]
+        if table.cut_back_s is not None:
+            times += table.cut_back_s[int(table.at_host_edge(first + size)), :, mesh][None, :]
+        new_b, new_t = np.full(num_layers + 1, np.inf), np.full(num_layers + 1, np.inf)
+        choice = np.zeros(num_layers + 1, int)
+        for stop in range(j + 1, num_layers + 1):
+            if (stop == num_layers) != (j == n - 1) or stop in forbidden:
+                continue
+            earliest = max([c for c in required if c < stop], default=0)  # no pinned cut inside the stage
+            ok = (starts >= earliest) & (starts < stop)
+            b = np.where(ok, np.maximum(bottleneck, times[:, stop]), np.inf)
+            t = np.where(ok, total + times[:, stop], np.inf)
+            if not np.isfinite(b).any():
+                continue
+            tied = b <= b.min() * (1 + 1e-9)
+            k = int(np.argmin(np.where(tied, t, np.inf)))
+            new_b[stop], new_t[stop], choice[stop] = b[k], t[k], k
+        bottleneck, total = new_b, new_t
+        back.append(choice)
+    if not np.isfinite(bottleneck[num_layers]):
+        return None
+    stages, stop = [], num_layers
+    for j in reversed(range(n)):
+        start = int(back[j][stop])
+        stages.append(StageChoice(start, stop, meshes[j % p]))
+        stop = start
+    return tuple(reversed(stages))
+
+
+def _memory_overflow(setup: SolveSetup, stages: Sequence[StageChoice], p: int, chunks: int,
+                     num_microbatches: int) -> str:
+    """Why a submesh does not fit ("" when all do): each holds its chunks' state, temporaries and the
+    activations of the microbatches its order keeps in flight (each chunk's peak, summed)."""
+    table, n = setup.table, len(stages)
+    need = np.zeros(p)
+    for j, s in enumerate(stages):
+        at = (s.start, s.stop, s.mesh)
+        keep = in_flight(j, n, num_microbatches, INTERLEAVED, chunks)
+        temp = 0.0 if table.temp_bytes is None else float(table.temp_bytes[at])
+        need[j % p] += float(table.state_bytes[at]) + keep * float(table.activation_bytes[at]) + temp
+    worst = int(np.argmax(need))
+    if need[worst] <= setup.memory_limit_bytes:
+        return ""
+    return (f"submesh {worst} needs {need[worst] / 2**30:.2f} GiB per device, over the limit of "
+            f"{setup.memory_limit_bytes / 2**30:.2f} GiB")
