@@ -57,11 +57,21 @@ def graph_figure(view: GraphView) -> go.Figure:
     return _layout(fig, title, 320)
 
 
-def _lane(bar: GanttBar) -> str:
-    return f"stage {bar.stage}" + (" transfers" if bar.kind in ("send", "recv") else "")
+def _lane(bar: GanttBar, row: str = "stage") -> str:
+    return f"{row} {bar.stage}" + (" transfers" if bar.kind in ("send", "recv") else "")
 
 
-def _gantt_traces(bars: Sequence[GanttBar]) -> list[go.Bar]:
+def _row_word(bars: Sequence[GanttBar]) -> str:
+    """What a row is: a stage, or under interleaved 1F1B a submesh running several (bars labelled F3·1:
+    microbatch 3's forward through the submesh's chunk 1)."""
+    return "submesh" if any(b.chunk is not None for b in bars) else "stage"
+
+
+def _where(bar: GanttBar) -> str:
+    return f"stage {bar.stage}" if bar.chunk is None else f"submesh {bar.stage} chunk {bar.chunk}"
+
+
+def _gantt_traces(bars: Sequence[GanttBar], row: str = "stage") -> list[go.Bar]:
     traces = []
     for kind, colour in KIND_COLOURS.items():
         chosen = [b for b in bars if b.kind == kind]
@@ -70,8 +80,8 @@ def _gantt_traces(bars: Sequence[GanttBar]) -> list[go.Bar]:
         traces.append(go.Bar(
             orientation="h", name=kind, marker_color=colour,
             base=[b.start_s * 1e3 for b in chosen], x=[(b.end_s - b.start_s) * 1e3 for b in chosen],
-            y=[_lane(b) for b in chosen], text=[b.label for b in chosen], textposition="inside",
-            hovertext=[f"stage {b.stage} {b.kind} microbatch {b.microbatch}: {b.start_s * 1e3:.4g}-"
+            y=[_lane(b, row) for b in chosen], text=[b.label for b in chosen], textposition="inside",
+            hovertext=[f"{_where(b)} {b.kind} microbatch {b.microbatch}: {b.start_s * 1e3:.4g}-"
                        f"{b.end_s * 1e3:.4g} ms" for b in chosen], hoverinfo="text",
         ))
     return traces
@@ -85,7 +95,8 @@ def gantt_figure(*panels: TimelinePanel) -> go.Figure:
     fig = make_subplots(rows=1, cols=len(panels), shared_yaxes=True, subplot_titles=[p.title for p in panels])
     stages = sorted({b.stage for p in panels for b in p.bars + p.transfers})
     moving = {b.stage for p in panels for b in p.transfers}
-    lanes = [lane for s in stages for lane in ([f"stage {s}"] + ([f"stage {s} transfers"] if s in moving else []))]
+    row = _row_word([b for p in panels for b in p.bars])
+    lanes = [lane for s in stages for lane in ([f"{row} {s}"] + ([f"{row} {s} transfers"] if s in moving else []))]
     in_legend: set[str] = set()  # each kind once, from the first panel that draws it (W only under ZB-H1)
     for col, panel in enumerate(panels, start=1):
         gaps = idle_gaps(panel.bars)
@@ -93,9 +104,9 @@ def gantt_figure(*panels: TimelinePanel) -> go.Figure:
             fig.add_trace(go.Bar(
                 orientation="h", name="idle (bubble)", marker_color="#E8E8E8", showlegend=col == 1,
                 base=[s * 1e3 for _, s, _ in gaps], x=[(e - s) * 1e3 for _, s, e in gaps],
-                y=[f"stage {stage}" for stage, _, _ in gaps], hoverinfo="skip",
+                y=[f"{row} {stage}" for stage, _, _ in gaps], hoverinfo="skip",
             ), row=1, col=col)
-        for trace in _gantt_traces(panel.bars + panel.transfers):
+        for trace in _gantt_traces(panel.bars + panel.transfers, row):
             trace.showlegend = trace.name not in in_legend
             in_legend.add(trace.name)
             fig.add_trace(trace, row=1, col=col)

@@ -86,4 +86,4 @@ def comparison_rows(entries: Sequence[tuple[str, Plan | str]]) -> tuple[Comparis
 
 
 def _schedule_text(schedule: Schedule) -> str:
-    return f"{schedule.kind} x {schedule.num_microbatches}{schedule.statistics_note}"
+    return f"{schedule.label} x {schedule.num_microbatches}{schedule.statistics_note}"

@@ -58,7 +58,7 @@ class WhatIf:
     """The re-planning knobs: microbatches, schedule, cluster preset and link bandwidths."""
 
     num_microbatches: int = 4
-    schedule: Literal["1f1b", "gpipe", "zb-h1", "auto"] = "1f1b"
+    schedule: Literal["1f1b", "gpipe", "zb-h1", "interleaved-1f1b", "auto"] = "1f1b"
     cluster: Cluster = dataclasses.field(default_factory=lambda: Cluster.a100_node(1))
 
     def __post_init__(self) -> None:

@@ -26,17 +26,20 @@ class GanttBar:
     start_s: float
     end_s: float
     source: str
+    chunk: int | None = None  # which of its row's stages ran, when a row holds several (interleaved 1F1B)
 
     @property
     def label(self) -> str:
-        return self.kind[0].upper() + (str(self.microbatch) if self.microbatch >= 0 else "")
+        text = self.kind[0].upper() + (str(self.microbatch) if self.microbatch >= 0 else "")
+        return text + (f"·{self.chunk}" if self.chunk is not None else "")
 
 
 def _bars(timeline: Timeline | None, kinds: Sequence[str]) -> tuple[GanttBar, ...]:
     if timeline is None:
         return ()
     return tuple(
-        GanttBar(e.stage, e.microbatch, e.kind, e.start_s, e.end_s, timeline.source)
+        GanttBar(e.stage, e.microbatch, e.kind, e.start_s, e.end_s, timeline.source,
+                 e.chunk if timeline.chunks > 1 else None)
         for e in sorted(timeline.events, key=lambda e: (e.stage, e.start_s))
         if e.kind in kinds and (e.kind in COMPUTE_KINDS or e.end_s > e.start_s)
     )

@@ -68,8 +68,8 @@ def chunk_cuts(setup: SolveSetup, meshes: Sequence[int], chunks: int,
     """The layers cut into len(meshes) * chunks stages, stage j on mesh choice meshes[j mod p], the slowest
     stage as fast as it can be (then the least sum); None when the pins allow no cut.
 
-    A DP over (stages placed, layers covered); pinned cuts are kept, forbidden ones avoided, pinned
-    meshes honoured."""
+    Two DPs over (stages placed, layers covered): the least slowest stage, then the least sum under it;
+    pinned cuts are kept, forbidden ones avoided, pinned meshes honoured."""
     table = setup.table
     p, num_layers = len(meshes), table.num_layers
     n = p * chunks
@@ -79,11 +79,7 @@ def chunk_cuts(setup: SolveSetup, meshes: Sequence[int], chunks: int,
     allowed_mesh = dict(constraints.stage_meshes)
     if any(meshes[j % p] not in allowed_mesh[j] for j in allowed_mesh if j < n):
         return None
-    starts = np.arange(num_layers + 1)
-    bottleneck = np.full(num_layers + 1, np.inf)  # best over the first j stages ending at each layer
-    total = np.full(num_layers + 1, np.inf)
-    bottleneck[0] = total[0] = 0.0
-    back: list[np.ndarray] = []
+    stage_times = []
     for j in range(n):
         mesh, first = meshes[j % p], firsts[j % p]
         size = table.meshes[mesh].num_devices
@@ -92,30 +88,41 @@ def chunk_cuts(setup: SolveSetup, meshes: Sequence[int], chunks: int,
             times += table.cut_in_s[int(table.at_host_edge(first)), :, mesh][:, None]
         if table.cut_back_s is not None:
             times += table.cut_back_s[int(table.at_host_edge(first + size)), :, mesh][None, :]
-        new_b, new_t = np.full(num_layers + 1, np.inf), np.full(num_layers + 1, np.inf)
-        choice = np.zeros(num_layers + 1, int)
-        for stop in range(j + 1, num_layers + 1):
-            if (stop == num_layers) != (j == n - 1) or stop in forbidden:
-                continue
-            earliest = max([c for c in required if c < stop], default=0)  # no pinned cut inside the stage
-            ok = (starts >= earliest) & (starts < stop)
-            b = np.where(ok, np.maximum(bottleneck, times[:, stop]), np.inf)
-            t = np.where(ok, total + times[:, stop], np.inf)
-            if not np.isfinite(b).any():
-                continue
-            tied = b <= b.min() * (1 + 1e-9)
-            k = int(np.argmin(np.where(tied, t, np.inf)))
-            new_b[stop], new_t[stop], choice[stop] = b[k], t[k], k
-        bottleneck, total = new_b, new_t
-        back.append(choice)
-    if not np.isfinite(bottleneck[num_layers]):
+        for stop in range(num_layers + 1):  # a stage holds no pinned cut and ends at no forbidden one
+            earliest = max([c for c in required if c < stop], default=0)
+            times[:earliest, stop] = np.inf
+        times[:, sorted(forbidden)] = np.inf
+        stage_times.append(times)
+    slowest, _ = _cut_dp(stage_times, np.maximum)
+    if not np.isfinite(slowest):
         return None
-    stages, stop = [], num_layers
-    for j in reversed(range(n)):
-        start = int(back[j][stop])
-        stages.append(StageChoice(start, stop, meshes[j % p]))
-        stop = start
-    return tuple(reversed(stages))
+    # Among the cuts whose slowest stage is that fast, the least total.
+    capped = [np.where(t <= slowest * (1 + 1e-9), t, np.inf) for t in stage_times]
+    _, starts = _cut_dp(capped, np.add)
+    meshes_of = [meshes[j % p] for j in range(n)]
+    stops = [*starts[1:], num_layers]
+    return tuple(StageChoice(a, b, mesh) for a, b, mesh in zip(starts, stops, meshes_of))
+
+
+def _cut_dp(stage_times: Sequence[np.ndarray], combine) -> tuple[float, list[int]]:
+    """Cut layers [0, L) into len(stage_times) stages, stage j of layers [a, b) costing stage_times[j][a, b],
+    the costs combined by `combine` (max or sum): the best value and each stage's first layer."""
+    num_layers = stage_times[0].shape[0] - 1
+    best = np.full(num_layers + 1, np.inf)  # over the stages placed so far, ending at each layer
+    best[0] = 0.0
+    back = []
+    for times in stage_times:
+        values = combine(best[:, None], times)  # [start, stop]
+        choice = np.argmin(values, axis=0)
+        best = values[choice, np.arange(num_layers + 1)]
+        back.append(choice)
+    if not np.isfinite(best[num_layers]):
+        return float("inf"), []
+    starts, stop = [], num_layers
+    for choice in reversed(back):
+        stop = int(choice[stop])
+        starts.append(stop)
+    return float(best[num_layers]), starts[::-1]
 
 
 def _memory_overflow(setup: SolveSetup, stages: Sequence[StageChoice], p: int, chunks: int,

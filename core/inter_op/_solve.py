@@ -108,10 +108,20 @@ def _interleaved_plan(setup: SolveSetup, options: SolveOptions, explain: bool) -
     """Interleaved 1F1B: the stage DP's 1F1B layouts (cut and count pins left to the chunks), each
     submesh's stage re-cut into chunks (`interleaved_layouts`), the fastest simulated plan."""
     pinned = constraints_from_pins(options.pins, setup.table.meshes, setup.graph.num_layers, setup.cluster)
-    submeshes = StageConstraints(stage_meshes=pinned.stage_meshes)  # the pins on cuts are the chunks'
-    solution = _stage_dp(setup, options, "1f1b", explain, submeshes)
+    # The pins on cuts and on the stage count are the chunks': a pinned count n asks the DP for each
+    # submesh count p that n / p chunks can fill.
+    counts = ([None] if pinned.num_stages is None else
+              [p for p in range(2, pinned.num_stages) if pinned.num_stages % p == 0
+               and pinned.num_stages // p <= MAX_CHUNKS])
+    proposals: list[StageSolution] = []
+    for count in counts:
+        submeshes = StageConstraints(num_stages=count, stage_meshes=pinned.stage_meshes)
+        try:
+            proposals += _stage_dp(setup, options, "1f1b", explain and count is None, submeshes).proposals()
+        except NoStagePlanError:
+            continue
     m = options.num_microbatches
-    layouts, skipped = interleaved_layouts(setup, solution.proposals(), m, pinned)
+    layouts, skipped = interleaved_layouts(setup, proposals, m, pinned)
     if not layouts:
         message = (f"interleaved 1F1B found no layout: {'; '.join(skipped) or 'the pins allow none'}. "
                    f"It needs 2 or more submeshes, a microbatch count that is a multiple of their number, "
@@ -121,7 +131,7 @@ def _interleaved_plan(setup: SolveSetup, options: SolveOptions, explain: bool) -
         raise NoStagePlanError(message)
     notes = (
         f"stage costs: {setup.stage_cost_name}",
-        f"interleaved 1F1B: the stage DP's {len(solution.proposals())} 1F1B layout(s) re-cut into 2 to "
+        f"interleaved 1F1B: the stage DP's {len(proposals)} 1F1B layout(s) re-cut into 2 to "
         f"{MAX_CHUNKS} chunks per submesh, the slowest chunk as fast as it can be; {len(layouts)} fit"
         + (f" ({'; '.join(skipped)})" if skipped else ""),
         *control_flow_notes(setup.graph),

@@ -49,7 +49,7 @@ class Pins:
     partition_specs: tuple[tuple[str, Spec], ...] = ()
     num_microbatches: int | None = None
     stage_remat: tuple[tuple[int, bool], ...] = ()  # (stage, recompute its forward in the backward)
-    schedule: str | None = None  # the pipeline schedule ("1f1b", "gpipe", "zb-h1")
+    schedule: str | None = None  # the pipeline schedule ("1f1b", "gpipe", "zb-h1", "interleaved-1f1b")
 
     def __post_init__(self) -> None:
         for name in _PAIR_FIELDS:
@@ -213,7 +213,8 @@ class Pins:
         return self._replace(num_microbatches=num_microbatches)
 
     def with_schedule(self, schedule: str | None) -> "Pins":
-        """Pin (or with None, unpin) the pipeline schedule: "1f1b", "gpipe" or "zb-h1"."""
+        """Pin (or with None, unpin) the pipeline schedule: "1f1b", "gpipe", "zb-h1" or "interleaved-1f1b"
+        (its chunks per submesh are then searched; a stage count pinned counts the chunks)."""
         return self._replace(schedule=schedule)
 
     def with_submesh(self, stage: int, submesh: Shape2 | None, logical_mesh: Shape2 | None = None) -> "Pins":

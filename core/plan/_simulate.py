@@ -69,6 +69,7 @@ def simulate(
         schedule=schedule,
         source=source,
         hardware=hardware,
+        chunks=max(len(player.list_of) // max(len(program), 1), 1),
     )
 
 
@@ -109,7 +110,8 @@ class _Player:
                 return False
             waited_from = max(self.reached.pop(s, self.now), self.sent_at[key])
             if self.now > waited_from:
-                self.events.append(TimelineEvent(s, ins.microbatch, "recv", waited_from, self.now))
+                self.events.append(TimelineEvent(s, ins.microbatch, "recv", waited_from, self.now,
+                                                 ins.stage // len(self.program)))
             return True
         if ins.op == "free":
             return True
@@ -149,12 +151,13 @@ class _Player:
 
     def _finish(self, s: int, task: _Task) -> None:
         ins, now = task.ins, self.now
+        chunk = ins.stage // len(self.program)
         if ins.op == "send":
             self.arrived[ins.transfer_key] = now
             if now > task.start_s:
-                self.events.append(TimelineEvent(s, ins.microbatch, "send", task.start_s, now))
+                self.events.append(TimelineEvent(s, ins.microbatch, "send", task.start_s, now, chunk))
         elif now > task.start_s or not is_update(ins.role):
-            self.events.append(TimelineEvent(s, ins.microbatch, timeline_kind(ins.role), task.start_s, now))
+            self.events.append(TimelineEvent(s, ins.microbatch, timeline_kind(ins.role), task.start_s, now, chunk))
 
 
 def _rates(active: Mapping[int, _Task], shared: SharedHardware | None) -> dict[int, float]:

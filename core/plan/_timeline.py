@@ -16,13 +16,15 @@ TimelineSource = Literal["predicted", "measured"]
 
 @dataclasses.dataclass(frozen=True)
 class TimelineEvent:
-    """One instruction on one stage's mesh; times in seconds from the step's start."""
+    """One instruction on one stage's mesh; times in seconds from the step's start.  `stage` is the
+    timeline's row, the submesh; under interleaved 1F1B `chunk` says which of its stages ran."""
 
     stage: int
     microbatch: int
     kind: EventKind
     start_s: float
     end_s: float
+    chunk: int = 0
 
     @property
     def duration_s(self) -> float:
@@ -41,6 +43,7 @@ class Timeline:
     schedule: str
     source: TimelineSource
     hardware: str = ""
+    chunks: int = 1  # stages per row (interleaved 1F1B): stage = row + chunk * num_stages
 
     @property
     def total_s(self) -> float:

@@ -88,7 +88,8 @@ class LocalEngine:
                 except Exception as err:
                     raise StageError(f"{runner.describe()}, {ins}: {err}") from err
                 kind = timeline_kind(ins.role) if ins.op == "run" else ins.op
-                events.append(TimelineEvent(c.plan.submesh_of(ins.stage), ins.microbatch, kind, start - t0, time.perf_counter() - t0))
+                events.append(TimelineEvent(c.plan.submesh_of(ins.stage), ins.microbatch, kind, start - t0,
+                                            time.perf_counter() - t0, ins.stage // c.plan.num_submeshes))
         outs = collect_outputs(c, leaves, lambda stage, name: self.runners[stage].result(name), inputs)
         for r in self.runners:
             r.reset()

@@ -177,6 +177,7 @@ class ParallelStep:
                 schedule=self.plan.schedule.kind,
                 source="measured",
                 hardware=getattr(self._engine, "hardware", ""),
+                chunks=self.plan.schedule.chunks,
             )
         return graph.results(outs)
 

@@ -307,7 +307,8 @@ class RayEngine:
             for (ins, _), result in zip(timings, results):
                 start, end = result
                 kind = timeline_kind(ins.role) if ins.op == "run" else ins.op
-                events.append(TimelineEvent(c.plan.submesh_of(ins.stage), ins.microbatch, kind, start - t0, end - t0))
+                events.append(TimelineEvent(c.plan.submesh_of(ins.stage), ins.microbatch, kind, start - t0, end - t0,
+                                            ins.stage // c.plan.num_submeshes))
         outs = []
         index = {name: i for i, name in enumerate(c.graph.inputs)}
         for name in c.graph.outputs:

@@ -19,6 +19,7 @@ from alpaviz.core.runtime._transport import check_transport
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
 STEPS = 3
 TWO_STAGES, FOUR_STAGES = "2 stages, 4x1 then 1x4", "4 stages, two per host"
+INTERLEAVED_STAGES = "4 stages, interleaved: two chunks on each host's submesh"
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,9 @@ def _plan(graph, layout: str, schedule: str = "1f1b"):
     if layout == TWO_STAGES:  # stage 1 holds the batch whole on each device: tile-once matters
         return manual_plan(graph, cluster, stage_cuts=(2,), logical_meshes=[(4, 1), (1, 4)],
                            partition_specs=specs, schedule=Schedule(schedule, 2))
+    if layout == INTERLEAVED_STAGES:  # stages 0 and 2 on host 0, 1 and 3 on host 1: every cut crosses
+        return manual_plan(graph, cluster, stage_cuts=(1, 2, 3), logical_meshes=(4, 1), partition_specs=specs,
+                           schedule=Schedule("interleaved-1f1b", 2, chunks=2))
     return manual_plan(graph, cluster, stage_cuts=(1, 2, 3), logical_meshes=(2, 1), devices_per_stage=2,
                        partition_specs=specs, schedule=Schedule(schedule, 4))
 
@@ -97,6 +101,19 @@ def test_zero_bubble_h1_on_two_hosts_matches_jit_and_runs_every_w(local_ray):
         kinds = [e.kind for e in parallel.last_trace().events]
         # Stage 0's backward is all W (no stage waits on it); the other three run a B and a W per microbatch.
         assert kinds.count("weight_grad") == plan.num_stages * plan.schedule.num_microbatches
+    finally:
+        parallel.close()
+
+
+@pytest.mark.slow
+def test_interleaved_1f1b_on_two_hosts_matches_jit(local_ray):
+    step, params, batch, plan, parallel = _launch("gpt", INTERLEAVED_STAGES)
+    try:
+        assert [s.device_ids[0] // 4 for s in plan.stages] == [0, 1, 0, 1]
+        _run_against_jit(step, params, batch, parallel)
+        trace = parallel.last_trace()
+        assert trace.num_stages == 2 and {(e.stage, e.chunk) for e in trace.events if e.kind == "forward"} == {
+            (d, c) for d in range(2) for c in range(2)}
     finally:
         parallel.close()
 
