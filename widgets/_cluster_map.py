@@ -60,7 +60,7 @@ def cluster_map(graph: OpGraph, plan: Plan) -> ClusterMap:
     cluster = plan.cluster
     per_host = cluster.devices_per_host
     placed: dict[int, tuple[int, tuple[int, int]]] = {}
-    for stage in plan.stages:
+    for stage in plan.stages[:plan.num_submeshes]:  # under interleaved 1F1B a device is its submesh's first stage
         rows, cols = stage.logical_mesh
         for i, device in enumerate(stage.device_ids):
             placed[device] = (stage.index, (i // cols, i % cols))
