@@ -569,3 +569,17 @@ def test_the_schedule_control_replans_under_zb_h1_and_the_timeline_draws_its_w_a
     ed.schedule.value = "auto"
     notes = ed.session.plan.solver.notes
     assert any(note.startswith(f"schedule: {ed.session.plan.schedule.kind} chosen") for note in notes)
+
+
+def test_the_schedule_control_interleaves_and_the_timeline_rows_become_submeshes():
+    graph = tiny_graph()
+    plan = hand_plan(graph, cuts=(2,), pins=av.Pins().with_cut(2))
+    ed = _show(PlanEditor(EditorSession(graph, plan, solve_options={"progress": False})), "Timeline")
+    assert "interleaved-1f1b" in ed.schedule.options
+    ed.schedule.value = "interleaved-1f1b"
+    new = ed.session.plan
+    assert new.schedule.kind == "interleaved-1f1b" and new.schedule.chunks >= 2 and 2 in new.stage_cuts
+    ed.render()
+    lanes = {y for trace in ed.timeline_figure.data for y in trace.y}
+    assert {f"submesh {d}" for d in range(new.num_submeshes)} <= lanes
+    assert not any(lane.startswith("stage ") for lane in lanes)
