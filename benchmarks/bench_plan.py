@@ -108,7 +108,8 @@ def run_case(case: Case, stage_cost, tolerance: float, workers: int) -> dict:
         return {"case": case, "error": str(err)}
     seconds = time.perf_counter() - started
     row = {"case": case, "plan": plan, "seconds": seconds, "layers": graph.num_layers, "B": B}
-    # The schedule searched too (GPipe, 1F1B, ZB-H1), from the same profiles: its winner and gain over 1F1B.
+    # The schedule searched too (GPipe, 1F1B, ZB-H1, interleaved 1F1B), from the same profiles: its winner and
+    # gain over 1F1B.
     started = time.perf_counter()
     row["auto"] = av.solve(graph, progress=False, tolerance=tolerance, workers=workers, schedule="auto", **options)
     row["auto_seconds"] = time.perf_counter() - started

@@ -59,6 +59,9 @@ def candidate_pins(av, num_devices: int, microbatches: int) -> dict[str, object]
         "4 stages 1x2 as 2x1, 8 microbatches, recomputing": stages(4, quarter, (quarter, 1), remat=True, count=8),
         "2 stages 1x4 as 4x1, 8 microbatches, zb-h1": stages(2, half, (half, 1), count=8, schedule="zb-h1"),
         "4 stages 1x2 as 2x1, 8 microbatches, zb-h1": stages(4, quarter, (quarter, 1), count=8, schedule="zb-h1"),
+        # interleaved 1F1B: 4 stages as 2 submeshes of 1x4 with 2 chunks each (stage j on submesh j mod 2)
+        "2 submeshes 1x4 as 4x1 x 2 chunks, 8 microbatches, interleaved":
+            stages(4, half, (half, 1), count=8, schedule="interleaved-1f1b"),
     }
 
 

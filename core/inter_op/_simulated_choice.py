@@ -17,11 +17,15 @@ from alpaviz.core.plan import Plan
 
 
 def work_bound_s(setup: SolveSetup, proposal: StageSolution, num_microbatches: int) -> float:
-    """A lower bound on the simulated step of `proposal`: its busiest stage's compute at the fastest rate."""
+    """A lower bound on the simulated step of `proposal`: its busiest submesh's compute (all its chunks'
+    under interleaved 1F1B, which run one after another) at the fastest rate."""
     table = setup.table
     fastest_rate = max(setup.cluster.busy_speedup, default=1.0)
-    busiest = max(float(table.time_s[s.start, s.stop, s.mesh]) for s in proposal.stages)
-    return num_microbatches * busiest / fastest_rate
+    meshes = len(proposal.stages) // proposal.chunks
+    work = [0.0] * meshes
+    for j, s in enumerate(proposal.stages):
+        work[j % meshes] += float(table.time_s[s.start, s.stop, s.mesh])
+    return num_microbatches * max(work) / fastest_rate
 
 
 def fastest_simulated(setup: SolveSetup, proposals: Sequence[StageSolution], num_microbatches: int,

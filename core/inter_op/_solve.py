@@ -21,7 +21,7 @@ from alpaviz.core.inter_op._options import SolveOptions, with_option_signature
 from alpaviz.core.inter_op._prepare import prepare
 from alpaviz.core.inter_op._progress import Progress
 from alpaviz.core.inter_op._setup import SolveSetup
-from alpaviz.core.inter_op._simulated_choice import fastest_simulated
+from alpaviz.core.inter_op._simulated_choice import fastest_simulated, work_bound_s
 from alpaviz.core.inter_op._stage_dp import (
     NoStagePlanError, StageChoice, StageConstraints, StageSolution, solve_stages,
 )
@@ -122,6 +122,7 @@ def _interleaved_plan(setup: SolveSetup, options: SolveOptions, explain: bool) -
             continue
     m = options.num_microbatches
     layouts, skipped = interleaved_layouts(setup, proposals, m, pinned)
+    layouts.sort(key=lambda layout: work_bound_s(setup, layout, m))  # the likeliest first: the bound prunes more
     if not layouts:
         message = (f"interleaved 1F1B found no layout: {'; '.join(skipped) or 'the pins allow none'}. "
                    f"It needs 2 or more submeshes, a microbatch count that is a multiple of their number, "
