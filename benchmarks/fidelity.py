@@ -2,9 +2,9 @@
 
 On the 8 virtual CPU devices, with the cluster calibrated on this machine
 (`av.Cluster.local(calibrate=True)`, priced at 100% of the measured rates),
-a small GPT is planned sixteen ways: data parallelism, tensor parallelism,
+a small GPT is planned seventeen ways: data parallelism, tensor parallelism,
 a mixed 2-D mesh, 2- and 4-stage pipelines at 1 to 32 microbatches, with and
-without recomputation, under 1F1B and ZB-H1, and the solver's own plans (at the default count
+without recomputation, under 1F1B, ZB-H1 and interleaved 1F1B, and the solver's own plans (at the default count
 and with the count searched).  Each plan is launched with `av.parallelize`'s
 defaults, as a user runs it, and timed (median of `--repeats` steps after
 two warm-up steps).  Prints, per plan, predicted and measured ms and their

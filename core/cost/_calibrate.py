@@ -90,21 +90,18 @@ def calibrate(cache_dir: pathlib.Path | str | None = CACHE_DIR, refresh: bool = 
 
 
 def _machine_key(devices) -> str:
-    text = f"v3|{platform.node()}|{os.cpu_count()}|{jax.__version__}|{devices[0].platform}|{len(devices)}"
+    text = f"v2|{platform.node()}|{os.cpu_count()}|{jax.__version__}|{devices[0].platform}|{len(devices)}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def _best_time(fn: Callable[[], object], repeats: int = 7, pick: Callable = min) -> float:
-    """The fastest of `repeats` timed runs after a warm-up (or another `pick` of them): other work on the
-    machine only ever slows a rate's run down, so the least time is the devices' own and the figure most
-    alike from one calibration to the next (the median moved the matmul rate by 27% between two runs)."""
+def _best_time(fn: Callable[[], object], repeats: int = 5) -> float:
     jax.block_until_ready(fn())  # compile and warm up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
-    return float(pick(times))
+    return float(np.median(times))
 
 
 def _matmul_flops(mesh: Mesh, n: int = 512) -> float:
@@ -137,8 +134,7 @@ def _launch_s(mesh: Mesh) -> float:
     """Seconds to launch a tiny program over all devices and wait for it (the per-task fixed cost)."""
     x = jax.device_put(jnp.ones((mesh.size, 8), jnp.float32), NamedSharding(mesh, PartitionSpec("d")))
     step = jax.jit(lambda v: v + 1.0)
-    return check_number("measured launch cost", _best_time(lambda: step(x), repeats=50, pick=np.median),
-                        minimum=0)  # a fixed cost every task pays: the typical one, not the luckiest
+    return check_number("measured launch cost", _best_time(lambda: step(x), repeats=50), minimum=0)
 
 
 def _memory_bandwidth(mesh: Mesh, n: int = 1 << 22) -> float:

@@ -15,9 +15,10 @@ import time
 from typing import Any, Sequence
 
 from alpaviz.core.inter_op._infeasible import ModelTooLargeError
+from alpaviz.core.inter_op._in_flight import in_flight
 from alpaviz.core.inter_op._setup import SolveSetup
 from alpaviz.core.inter_op._stage_dp import (
-    ScheduleKind, StageChoice, StageSolution, in_flight, pipeline_latency, stage_offsets,
+    ScheduleKind, StageChoice, StageSolution, pipeline_latency, stage_offsets,
 )
 from alpaviz.core.inter_op._stage_profile import profiled_mesh, step_link
 from alpaviz.core.plan import (

@@ -16,9 +16,10 @@ from typing import Sequence
 
 import numpy as np
 
+from alpaviz.core.inter_op._in_flight import in_flight
 from alpaviz.core.inter_op._setup import SolveSetup
 from alpaviz.core.inter_op._stage_dp import (
-    StageChoice, StageConstraints, StageSolution, in_flight, layout_solution, stage_offsets,
+    StageChoice, StageConstraints, StageSolution, layout_solution, stage_offsets,
 )
 from alpaviz.core.plan import INTERLEAVED
 

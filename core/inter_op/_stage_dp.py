@@ -31,14 +31,14 @@ under GPipe all `B`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Callable, Sequence
 
 import numpy as np
 
 from alpaviz.core.inter_op._t_max_search import propose_layouts, search_t_max
-from alpaviz.core.plan import INTERLEAVED, SCHEDULE_KINDS, ScheduleKind, mesh_order
+from alpaviz.core.inter_op._in_flight import in_flight
+from alpaviz.core.plan import INTERLEAVED, SCHEDULE_KINDS, ScheduleKind
 
 
 
@@ -201,38 +201,6 @@ def pipeline_latency(
 ) -> float:
     """sum(t_i + u_i) + (B - 1) * max(t_i): the objective the DP minimises."""
     return float(sum(times) + sum(updates) + (num_microbatches - 1) * max(times))
-
-
-def in_flight(stage: int, num_stages: int, num_microbatches: int, schedule: ScheduleKind, chunks: int = 1) -> int:
-    """Microbatches whose activations stage `stage` of `num_stages` keeps at once.
-
-    GPipe keeps every microbatch; 1F1B min(n - i, m) on stage i; ZB-H1
-    min(n, m) on every stage (a later stage's W's wait longer); interleaved
-    1F1B what its submesh's order holds (counted from the order itself).
-    """
-    if schedule == INTERLEAVED:
-        return _interleaved_in_flight(num_stages, num_microbatches, chunks)[stage]
-    if schedule == "gpipe":
-        return num_microbatches
-    if schedule == "zb-h1":
-        return min(num_stages, num_microbatches)
-    return min(num_stages - stage, num_microbatches)
-
-
-@functools.lru_cache(maxsize=64)
-def _interleaved_in_flight(num_stages: int, num_microbatches: int, chunks: int) -> tuple[int, ...]:
-    """Each stage's peak of microbatches in flight under interleaved 1F1B, read from its submesh's order."""
-    meshes = num_stages // chunks
-    peak = [0] * num_stages
-    for mesh in range(meshes):
-        live = [0] * num_stages
-        for stage, role, _ in mesh_order(INTERLEAVED, num_stages, num_microbatches, mesh, chunks=chunks):
-            if role == "forward":
-                live[stage] += 1
-                peak[stage] = max(peak[stage], live[stage])
-            elif role == "backward":
-                live[stage] -= 1
-    return tuple(peak)
 
 
 def solve_stages(
