@@ -12,7 +12,7 @@ editor's click-to-plan path).
     python benchmarks/bench_plan.py --suite gpt --search-microbatches   # B chosen per case
 
 The schedule columns: the plan with the schedule searched too (`schedule="auto"`: GPipe, 1F1B,
-ZB-H1, each priced by simulating its instruction lists), its step over the 1F1B plan's, and the
+ZB-H1, interleaved 1F1B, each priced by simulating its instruction lists), its step over the 1F1B plan's, and the
 extra seconds that search took with the profiles already cached.
 """
 

@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {cluster.device.peak_flops / 1e9:.1f} GFLOP/s matmul, "
           f"{cluster.device.memory_bandwidth / 1e9:.2f} GB/s memory, launch {cluster.device.launch_s * 1e6:.0f} us; "
           f"busy-device speedup {', '.join(f'{s:.2f}' for s in cluster.busy_speedup)}; link alpha "
-          f"{cluster.intra_host.alpha_s * 1e6:.0f} us, {cluster.intra_host.bandwidth_bytes_per_s / 1e9:.2f} GB/s")
+          f"{cluster.intra_host.alpha_s * 1e6:.0f} us, {cluster.intra_host.bandwidth_bytes_per_s / 1e9:.2f} GB/s; "
+          f"rate by matmul size {', '.join(f'{f / 1e6:.3g} MFLOP {r:.2f}' for f, r in cluster.device.rate_curve)}")
     print()
     report(rows, noise)
     return 0

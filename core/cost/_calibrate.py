@@ -24,6 +24,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from alpaviz.core.graph import check_number
 
+# Matmul sides the rate curve measures, the peak being the largest's: on this machine's CPU devices a
+# 512-cube matmul reaches about half the rate of a 1024-cube one, and the models' operators are smaller.
+RATE_SIZES = (128, 256, 512, 1024)
 CACHE_DIR = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "alpaviz"
 
 
@@ -41,9 +44,12 @@ class Calibration:
     # entry b - 1: each device's matmul rate with only the first b devices busy, over its all-busy rate
     busy_speedup: tuple[float, ...] = ()
     launch_s: float = 0.0  # one launch of a tiny program over all devices
+    # (FLOPs of one matmul per device, its rate over the largest's): small operators run below the peak
+    rate_curve: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "busy_speedup", tuple(float(x) for x in self.busy_speedup))
+        object.__setattr__(self, "rate_curve", tuple((float(f), float(r)) for f, r in self.rate_curve))
 
     def describe(self) -> str:
         """The figures in a few lines, as `python -m alpaviz calibrate` prints them."""
@@ -56,6 +62,8 @@ class Calibration:
             f"{self.collective_bandwidth / 1e9:.2f} GB/s",
             f"  launch                   {self.launch_s * 1e6:.0f} us",
             f"  speedup with b busy      {curve or 'not measured'}",
+            f"  rate by matmul size      "
+            + (", ".join(f"{f / 1e6:.3g} MFLOP: {r:.2f}" for f, r in self.rate_curve) or "not measured"),
         ))
 
 
@@ -76,13 +84,15 @@ def calibrate(cache_dir: pathlib.Path | str | None = CACHE_DIR, refresh: bool = 
             pass  # a stale or damaged cache file: measure again
     started = time.perf_counter()
     mesh = Mesh(np.asarray(devices), ("d",))
-    flops = _matmul_flops(mesh)
+    rates = {n: _matmul_flops(mesh, n) for n in RATE_SIZES}
+    flops = rates[RATE_SIZES[-1]]  # the peak; smaller operators run at the curve's share of it
+    curve = tuple((2.0 * n ** 3, rate / flops) for n, rate in rates.items())
     bandwidth = _memory_bandwidth(mesh)
     alpha, beta = _all_reduce(mesh)
-    speedup = _busy_speedup(devices, flops)
+    speedup = _busy_speedup(devices, rates[512])  # each busy count's 512-cube rate over all busy's
     launch = _launch_s(mesh)
     result = Calibration(devices[0].platform, len(devices), flops, bandwidth, alpha, beta,
-                         time.perf_counter() - started, speedup, launch)
+                         time.perf_counter() - started, speedup, launch, curve)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(dataclasses.asdict(result)))
@@ -90,7 +100,7 @@ def calibrate(cache_dir: pathlib.Path | str | None = CACHE_DIR, refresh: bool = 
 
 
 def _machine_key(devices) -> str:
-    text = f"v2|{platform.node()}|{os.cpu_count()}|{jax.__version__}|{devices[0].platform}|{len(devices)}"
+    text = f"v4|{platform.node()}|{os.cpu_count()}|{jax.__version__}|{devices[0].platform}|{len(devices)}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import math
 
 import jax
+import numpy as np
 
 from alpaviz.core.cost._calibrate import CACHE_DIR, calibrate as measure
 from alpaviz.core.graph import check_int, check_number
@@ -25,7 +26,11 @@ class DeviceSpec:
     when given, the peak for 32- and 64-bit operands (tensor cores run fp32
     matmuls as TF32 at a fraction of the 16-bit rate).  `launch_s` is the
     fixed cost of starting one executable, paid by every task a stage runs
-    (what many small microbatches add up to).
+    (what many small microbatches add up to).  `rate_curve` says how far
+    below the peak a small operator runs: (FLOPs of one operator on one
+    device, its achieved share of the peak) pairs in increasing FLOPs,
+    interpolated in log FLOPs and held flat past either end; empty: every
+    operator at the peak (the GPU presets).
     """
 
     name: str
@@ -34,6 +39,7 @@ class DeviceSpec:
     memory_bandwidth: float = 1e12
     fp32_peak_flops: float | None = None
     launch_s: float = 0.0
+    rate_curve: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "memory_bytes", "memory_bandwidth"):
@@ -41,6 +47,20 @@ class DeviceSpec:
         check_number("DeviceSpec.launch_s", self.launch_s, minimum=0)
         if self.fp32_peak_flops is not None:
             check_number("DeviceSpec.fp32_peak_flops", self.fp32_peak_flops, positive=True)
+        curve = tuple((float(f), float(r)) for f, r in self.rate_curve)
+        object.__setattr__(self, "rate_curve", curve)
+        for flops, share in curve:
+            check_number("DeviceSpec.rate_curve FLOPs", flops, positive=True)
+            check_number("DeviceSpec.rate_curve share of the peak", share, positive=True)
+        if any(a[0] >= b[0] for a, b in zip(curve, curve[1:])):
+            raise ValueError(f"DeviceSpec.rate_curve must list increasing FLOPs, got {curve}")
+
+    def rate_share(self, flops: float) -> float:
+        """The share of the peak an operator of `flops` (on one device) achieves (see `rate_curve`)."""
+        curve = self.rate_curve
+        if not curve or flops <= 0:
+            return 1.0
+        return float(np.interp(math.log(flops), [math.log(f) for f, _ in curve], [r for _, r in curve]))
 
     def peak_flops_for(self, dtype: str | None) -> float:
         """The peak for operands of `dtype` (a name such as 'float32'; None for the default)."""
@@ -235,23 +255,24 @@ class Cluster:
         memory_efficiency=1.0)` to use them as measured.  Calibration also
         measures how much faster a device runs when fewer of them are busy
         (`busy_speedup`: they share the host's cores) and the cost of one
-        launch (`DeviceSpec.launch_s`), which the step simulator prices.
+        launch (`DeviceSpec.launch_s`), which the step simulator prices, and
+        the matmul rate against its size (`DeviceSpec.rate_curve`).
         """
         devices = jax.local_devices()
         bandwidth, name = 2e10, f"local {len(devices)}x{devices[0].platform}"
-        speedup, launch_s = (), 0.0
+        speedup, launch_s, curve = (), 0.0, ()
         if calibrate:
             cal = measure(CACHE_DIR if cache_dir is None else cache_dir)
             peak_flops, bandwidth = cal.matmul_flops, cal.memory_bandwidth
             if math.isfinite(cal.collective_bandwidth):
                 link = Link(alpha_s=cal.collective_alpha_s, bandwidth_bytes_per_s=cal.collective_bandwidth)
-            speedup, launch_s = cal.busy_speedup, cal.launch_s
+            speedup, launch_s, curve = cal.busy_speedup, cal.launch_s, cal.rate_curve
             name += " (calibrated)"
         return cls(
             num_hosts=jax.process_count(),
             devices_per_host=len(devices),
             device=DeviceSpec(f"local-{devices[0].platform}", peak_flops, memory_bytes, bandwidth,
-                              launch_s=launch_s),
+                              launch_s=launch_s, rate_curve=curve),
             intra_host=link,
             inter_host=link,
             name=name,

@@ -67,8 +67,9 @@ class CostModel:
             raise ValueError(f"CostModel.fused_traffic_share must be in [0, 1], got {self.fused_traffic_share!r}")
 
     def compute_time(self, flops: float, nbytes: float, device: DeviceSpec, dtype: str | None = None) -> float:
-        """Roofline: the slower of arithmetic (at the peak for `dtype`) and memory traffic."""
-        arithmetic = flops / (device.peak_flops_for(dtype) * self.compute_efficiency)
+        """Roofline: the slower of arithmetic (at the peak for `dtype`, less what an operator of this size
+        loses, `DeviceSpec.rate_share`) and memory traffic."""
+        arithmetic = flops / (device.peak_flops_for(dtype) * self.compute_efficiency * device.rate_share(flops))
         traffic = nbytes / (device.memory_bandwidth * self.memory_efficiency)
         return max(arithmetic, traffic)
 

@@ -58,3 +58,13 @@ def test_a_speedup_curve_of_the_wrong_length_is_refused():
     with pytest.raises(ValueError, match="one entry per number of busy devices"):
         av.Cluster(1, 4, av.Cluster.local().device, av.Cluster.local().intra_host,
                    av.Cluster.local().inter_host, busy_speedup=(2.0, 1.0))
+
+
+def test_calibration_measures_the_rate_against_the_matmul_size(tmp_path):
+    measured = calibrate(cache_dir=tmp_path)
+    flops = [f for f, _ in measured.rate_curve]
+    assert len(flops) == 4 and flops == sorted(flops) and measured.rate_curve[-1][1] == 1.0
+    assert all(0 < share <= 3.0 for _, share in measured.rate_curve)
+    cluster = av.Cluster.local(calibrate=True, cache_dir=tmp_path)
+    assert cluster.device.rate_curve == measured.rate_curve
+    assert "rate by matmul size" in measured.describe()

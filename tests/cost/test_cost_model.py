@@ -127,3 +127,17 @@ def test_the_ilp_prices_an_fp32_step_at_the_fp32_peak():
         graph = av.trace(lambda x, w: x @ w, x, w)
         costs[dtype] = solve_sharding(graph, mesh, cluster, av.CostModel()).cost.compute_s
     assert costs[jnp.float32] == pytest.approx(2 * costs[jnp.float16], rel=1e-6)
+
+
+def test_small_operators_run_below_the_peak_by_the_rate_curve():
+    device = av.DeviceSpec("cpu", peak_flops=1e10, memory_bytes=1e9, memory_bandwidth=1e15,
+                           rate_curve=((1e6, 0.25), (1e8, 1.0)))
+    cm = av.CostModel(compute_efficiency=1.0, memory_efficiency=1.0)
+    assert cm.compute_time(1e6, 0, device) == pytest.approx(1e6 / (1e10 * 0.25))
+    assert cm.compute_time(1e7, 0, device) == pytest.approx(1e7 / (1e10 * 0.625))  # halfway in log FLOPs
+    assert cm.compute_time(1e9, 0, device) == pytest.approx(1e9 / 1e10)  # flat past the largest size
+    assert cm.compute_time(1e3, 0, device) == pytest.approx(1e3 / (1e10 * 0.25))  # and below the smallest
+    plain = av.DeviceSpec("cpu", peak_flops=1e10, memory_bytes=1e9, memory_bandwidth=1e15)
+    assert cm.compute_time(1e6, 0, plain) == pytest.approx(1e6 / 1e10)
+    with pytest.raises(ValueError, match="rate_curve must list increasing FLOPs"):
+        av.DeviceSpec("cpu", 1e10, 1e9, rate_curve=((1e8, 1.0), (1e6, 0.5)))
