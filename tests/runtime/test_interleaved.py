@@ -24,7 +24,8 @@ from alpaviz.core.plan._plan import Schedule, StageCost
 from alpaviz.widgets._figures import gantt_figure
 from alpaviz.widgets._timeline_view import gantt_bars, timeline_panel
 
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+from jit_steps import FAST_COMPILE, assert_steps_match, jit_steps
+
 ORDERS = [(2, 2, 2), (2, 2, 4), (2, 3, 6), (4, 2, 4), (4, 2, 8), (4, 4, 8), (3, 2, 9), (8, 2, 16)]
 
 
@@ -98,12 +99,7 @@ CASES = [(2, 2, 2), (2, 2, 4), (4, 2, 4), (4, 2, 8)]
 @pytest.fixture(scope="module")
 def reference():
     step, params, batch = av.models.gpt(num_layers=8, hidden=32, seq_len=16, vocab=64, batch_size=16)
-    ref = jax.jit(step, compiler_options=FAST_COMPILE)
-    p, out = params, []
-    for _ in range(STEPS):
-        p, loss = ref(p, batch)
-        out.append((jax.device_get(p), float(loss)))
-    return step, params, batch, av.trace(step, params, batch), out
+    return step, params, batch, av.trace(step, params, batch), jit_steps(step, params, batch, STEPS)
 
 
 @pytest.mark.parametrize("p,v,m", CASES, ids=[f"{p}meshes-{v}chunks-{m}mb" for p, v, m in CASES])
@@ -114,12 +110,7 @@ def test_interleaved_steps_equal_jit(reference, p, v, m):
                        schedule=Schedule(INTERLEAVED, m, chunks=v))
     assert [s.device_ids for s in plan.stages[p:]] == [s.device_ids for s in plan.stages[:p]] * (v - 1)
     parallel = av.parallelize(step, plan, compiler_options=FAST_COMPILE, record_trace=True)
-    params_now = params
-    for i in range(STEPS):
-        params_now, loss = parallel(params_now, batch)
-        np.testing.assert_allclose(float(loss), out[i][1], rtol=1e-5)
-        for a, b in zip(jax.tree.leaves(parallel.fetch(params_now)), jax.tree.leaves(out[i][0])):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert_steps_match(parallel, params, batch, out)
     measured = parallel.last_trace()
     assert measured.num_stages == p and measured.chunks == v
     assert Counter((e.stage, e.chunk) for e in measured.events if e.kind == "forward") == {

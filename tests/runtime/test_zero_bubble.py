@@ -7,8 +7,6 @@ solver prices the schedule (pinned, or searched with schedule="auto")."""
 import dataclasses
 from collections import Counter
 
-import jax
-import numpy as np
 import pytest
 
 import alpaviz as av
@@ -19,7 +17,8 @@ from alpaviz.core.plan._manual_plan import manual_plan
 from alpaviz.core.plan._plan import Schedule, StageCost
 from alpaviz.core.plan._simulate import predicted_timeline
 
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
+from jit_steps import FAST_COMPILE, assert_steps_match, jit_steps
+
 PIPELINES = [(1, 1), (1, 3), (2, 1), (2, 4), (4, 4), (4, 8), (3, 7), (4, 2)]
 
 
@@ -128,12 +127,7 @@ CASES = [(2, 1), (2, 4), (4, 2), (4, 8)]
 @pytest.fixture(scope="module")
 def reference():
     step, params, batch = av.models.gpt(num_layers=4, hidden=32, seq_len=16, vocab=64, batch_size=16)
-    ref = jax.jit(step, compiler_options=FAST_COMPILE)
-    p, out = params, []
-    for _ in range(STEPS):
-        p, loss = ref(p, batch)
-        out.append((jax.device_get(p), float(loss)))
-    return step, params, batch, av.trace(step, params, batch), out
+    return step, params, batch, av.trace(step, params, batch), jit_steps(step, params, batch, STEPS)
 
 
 @pytest.mark.parametrize("n,m", CASES, ids=[f"{n}stages-{m}mb" for n, m in CASES])
@@ -141,12 +135,7 @@ def test_zb_h1_steps_equal_jit(reference, n, m):
     step, params, batch, graph, out = reference
     plan = manual_plan(graph, av.Cluster.local(), stage_cuts=tuple(range(1, n)), schedule=Schedule("zb-h1", m))
     parallel = av.parallelize(step, plan, compiler_options=FAST_COMPILE)
-    p = params
-    for i in range(STEPS):
-        p, loss = parallel(p, batch)
-        np.testing.assert_allclose(float(loss), out[i][1], rtol=1e-5)
-        for a, b in zip(jax.tree.leaves(parallel.fetch(p)), jax.tree.leaves(out[i][0])):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert_steps_match(parallel, params, batch, out)
     if n > 1:
         with pytest.raises(ValueError, match="zb-h1 splits each backward"):
             parallel.with_schedule("1f1b")
