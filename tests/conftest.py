@@ -23,11 +23,13 @@ SLOWEST_FIRST = (
     "tests/widgets/test_browser.py",
     "tests/test_microbatch_exactness.py",
     "tests/runtime/test_runtime.py",
+    "tests/runtime/test_interleaved.py",
     "tests/graph/test_scan.py",
     "tests/widgets/test_widgets.py",
     "tests/inter_op/test_profile_cache.py",
     "tests/widgets/test_session_workers.py",
     "tests/inter_op/test_remat.py",
+    "tests/runtime/test_zero_bubble.py",
     "tests/intra_op/test_memory.py",
 )
 

@@ -3,8 +3,18 @@
 import json
 import math
 
+import pytest
+
 import alpaviz as av
 from alpaviz.core.cost import calibrate
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory):
+    """One calibration, cached, for the tests that read its figures (each measuring takes seconds)."""
+    path = tmp_path_factory.mktemp("calibration")
+    calibrate(cache_dir=path)
+    return path
 
 
 def test_calibration_measures_plausible_figures_and_caches_them(tmp_path):
@@ -25,9 +35,9 @@ def test_a_damaged_cache_is_measured_again(tmp_path):
     assert calibrate(cache_dir=tmp_path).matmul_flops > 0
 
 
-def test_a_calibrated_local_cluster_carries_the_measurement(tmp_path):
-    measured = calibrate(cache_dir=tmp_path)
-    cluster = av.Cluster.local(calibrate=True, cache_dir=tmp_path)
+def test_a_calibrated_local_cluster_carries_the_measurement(shared_cache):
+    measured = calibrate(cache_dir=shared_cache)
+    cluster = av.Cluster.local(calibrate=True, cache_dir=shared_cache)
     assert cluster.device.peak_flops == measured.matmul_flops
     assert cluster.device.memory_bandwidth == measured.memory_bandwidth
     assert cluster.intra_host.bandwidth_bytes_per_s == measured.collective_bandwidth
@@ -35,8 +45,8 @@ def test_a_calibrated_local_cluster_carries_the_measurement(tmp_path):
     assert av.Cluster.local().device.peak_flops == 5e10  # nominal figures unless asked
 
 
-def test_calibration_measures_how_the_devices_share_the_host(tmp_path):
-    measured = calibrate(cache_dir=tmp_path)
+def test_calibration_measures_how_the_devices_share_the_host(shared_cache):
+    measured = calibrate(cache_dir=shared_cache)
     curve = measured.busy_speedup
     assert len(curve) == 8 and curve[-1] == 1.0
     # 8 virtual devices on this 2-core machine: one busy device runs several times faster than
@@ -44,7 +54,7 @@ def test_calibration_measures_how_the_devices_share_the_host(tmp_path):
     assert curve[0] > 2.0
     assert all(a >= b * 0.8 for a, b in zip(curve, curve[1:]))
     assert 0 < measured.launch_s < 0.05
-    cluster = av.Cluster.local(calibrate=True, cache_dir=tmp_path)
+    cluster = av.Cluster.local(calibrate=True, cache_dir=shared_cache)
     assert cluster.busy_speedup == curve and cluster.device.launch_s == measured.launch_s
     assert cluster.speedup(1) == curve[0] and cluster.speedup(8) == 1.0
     text = measured.describe()
@@ -53,18 +63,16 @@ def test_calibration_measures_how_the_devices_share_the_host(tmp_path):
 
 
 def test_a_speedup_curve_of_the_wrong_length_is_refused():
-    import pytest
-
     with pytest.raises(ValueError, match="one entry per number of busy devices"):
         av.Cluster(1, 4, av.Cluster.local().device, av.Cluster.local().intra_host,
                    av.Cluster.local().inter_host, busy_speedup=(2.0, 1.0))
 
 
-def test_calibration_measures_the_rate_against_the_matmul_size(tmp_path):
-    measured = calibrate(cache_dir=tmp_path)
+def test_calibration_measures_the_rate_against_the_matmul_size(shared_cache):
+    measured = calibrate(cache_dir=shared_cache)
     flops = [f for f, _ in measured.rate_curve]
     assert len(flops) == 4 and flops == sorted(flops) and measured.rate_curve[-1][1] == 1.0
     assert all(0 < share <= 3.0 for _, share in measured.rate_curve)
-    cluster = av.Cluster.local(calibrate=True, cache_dir=tmp_path)
+    cluster = av.Cluster.local(calibrate=True, cache_dir=shared_cache)
     assert cluster.device.rate_curve == measured.rate_curve
     assert "rate by matmul size" in measured.describe()
