@@ -62,7 +62,7 @@ class Calibration:
             f"{self.collective_bandwidth / 1e9:.2f} GB/s",
             f"  launch                   {self.launch_s * 1e6:.0f} us",
             f"  speedup with b busy      {curve or 'not measured'}",
-            f"  rate by matmul size      "
+            "  rate by matmul size      "
             + (", ".join(f"{f / 1e6:.3g} MFLOP: {r:.2f}" for f, r in self.rate_curve) or "not measured"),
         ))
 
