@@ -201,8 +201,7 @@ def evaluate_stages(
                 f"{_reason(setup, s)}"
             )
         keep = in_flight(i, n, num_microbatches, schedule)
-        need = float(table.state_bytes[s.start, s.stop, s.mesh] + keep * table.activation_bytes[s.start, s.stop, s.mesh]
-                     + (0.0 if table.temp_bytes is None else table.temp_bytes[s.start, s.stop, s.mesh]))
+        need = table.stage_bytes(s, keep)
         if need > setup.memory_limit_bytes:
             raise ModelTooLargeError(
                 f"stage {i} (layers {s.start}..{s.stop - 1} on {setup.table.meshes[s.mesh].logical_shape}) needs "

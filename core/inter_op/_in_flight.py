@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from alpaviz.core.plan import INTERLEAVED, ScheduleKind, mesh_order
+from alpaviz.core.plan import INTERLEAVED, ScheduleKind, build_instructions, max_live_microbatches
 
 
 def in_flight(stage: int, num_stages: int, num_microbatches: int, schedule: ScheduleKind, chunks: int = 1) -> int:
@@ -29,15 +29,6 @@ def in_flight(stage: int, num_stages: int, num_microbatches: int, schedule: Sche
 
 @functools.lru_cache(maxsize=64)
 def _interleaved_in_flight(num_stages: int, num_microbatches: int, chunks: int) -> tuple[int, ...]:
-    """Each stage's peak of microbatches in flight under interleaved 1F1B, read from its submesh's order."""
-    meshes = num_stages // chunks
-    peak = [0] * num_stages
-    for mesh in range(meshes):
-        live = [0] * num_stages
-        for stage, role, _ in mesh_order(INTERLEAVED, num_stages, num_microbatches, mesh, chunks=chunks):
-            if role == "forward":
-                live[stage] += 1
-                peak[stage] = max(peak[stage], live[stage])
-            elif role == "backward":
-                live[stage] -= 1
-    return tuple(peak)
+    """Each stage's peak of microbatches in flight under interleaved 1F1B, read from its submesh's list."""
+    lists = build_instructions(INTERLEAVED, num_stages, num_microbatches, chunks=chunks)
+    return tuple(max_live_microbatches(lists[j % len(lists)], j) for j in range(num_stages))

@@ -80,15 +80,13 @@ def chunk_cuts(setup: SolveSetup, meshes: Sequence[int], chunks: int,
     allowed_mesh = dict(constraints.stage_meshes)
     if any(meshes[j % p] not in allowed_mesh[j] for j in allowed_mesh if j < n):
         return None
+    variants = table.time_variants()  # [link in, link back, start, stop, mesh]: the cuts' transfers included
     stage_times = []
     for j in range(n):
         mesh, first = meshes[j % p], firsts[j % p]
         size = table.meshes[mesh].num_devices
-        times = table.time_s[:, :, mesh].copy()
-        if table.cut_in_s is not None:
-            times += table.cut_in_s[int(table.at_host_edge(first)), :, mesh][:, None]
-        if table.cut_back_s is not None:
-            times += table.cut_back_s[int(table.at_host_edge(first + size)), :, mesh][None, :]
+        edge_in, edge_back = int(table.at_host_edge(first)), int(table.at_host_edge(first + size))
+        times = variants[edge_in, edge_back, :, :, mesh].copy()
         for stop in range(num_layers + 1):  # a stage holds no pinned cut and ends at no forbidden one
             earliest = max([c for c in required if c < stop], default=0)
             times[:earliest, stop] = np.inf
@@ -133,10 +131,7 @@ def _memory_overflow(setup: SolveSetup, stages: Sequence[StageChoice], p: int, c
     table, n = setup.table, len(stages)
     need = np.zeros(p)
     for j, s in enumerate(stages):
-        at = (s.start, s.stop, s.mesh)
-        keep = in_flight(j, n, num_microbatches, INTERLEAVED, chunks)
-        temp = 0.0 if table.temp_bytes is None else float(table.temp_bytes[at])
-        need[j % p] += float(table.state_bytes[at]) + keep * float(table.activation_bytes[at]) + temp
+        need[j % p] += table.stage_bytes(s, in_flight(j, n, num_microbatches, INTERLEAVED, chunks))
     worst = int(np.argmax(need))
     if need[worst] <= setup.memory_limit_bytes:
         return ""

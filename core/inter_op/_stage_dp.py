@@ -142,6 +142,12 @@ class StageCostTable:
                 else float(self.cut_back_s[int(self.at_host_edge(after)), stage.stop, stage.mesh]))
         return into, back
 
+    def stage_bytes(self, stage: "StageChoice", in_flight: int) -> float:
+        """Per-device memory of `stage` holding `in_flight` microbatches: state, activations, temporaries."""
+        at = (stage.start, stage.stop, stage.mesh)
+        temp = 0.0 if self.temp_bytes is None else float(self.temp_bytes[at])
+        return float(self.state_bytes[at]) + in_flight * float(self.activation_bytes[at]) + temp
+
     def stage_time(self, stage: "StageChoice", first_device: int) -> float:
         """Forward + backward per microbatch of `stage` placed at `first_device`, its cut transfers included."""
         return float(self.time_s[stage.start, stage.stop, stage.mesh]) + sum(self.cut_times(stage, first_device))

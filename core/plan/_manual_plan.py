@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 
 from alpaviz.core.cost import Cluster, CostModel
 from alpaviz.core.graph import OpGraph, check_int
+from alpaviz.core.plan._instructions import check_chunks
 from alpaviz.core.plan._pins import Pins
 from alpaviz.core.plan._plan import (
     Layer, Plan, PredictedCost, Schedule, SolverInfo, Stage, StageCost, graph_fingerprint,
@@ -60,9 +61,7 @@ def manual_plan(
             f"graph {graph.name!r} has {len(layers)} layers"
         )
     num_stages = len(bounds) - 1
-    if num_stages % schedule.chunks:
-        raise ValueError(f"{num_stages} stages do not split into {schedule.chunks} chunks per submesh: use a "
-                         f"multiple of {schedule.chunks} stages")
+    check_chunks(schedule.kind, num_stages, schedule.num_microbatches, schedule.chunks)
     submeshes = num_stages // schedule.chunks  # stage i on submesh i mod submeshes
     per_stage = devices_per_stage or cluster.num_devices // submeshes
     if per_stage < 1 or per_stage * submeshes > cluster.num_devices:

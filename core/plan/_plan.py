@@ -311,6 +311,10 @@ class Plan:
         """The submesh (the instruction list, the timeline's row) that runs `stage`."""
         return stage % self.num_submeshes
 
+    def chunk_of(self, stage: int) -> int:
+        """Which of its submesh's stages `stage` is (0 unless interleaved)."""
+        return stage // self.num_submeshes
+
     @property
     def stage_cuts(self) -> tuple[int, ...]:
         """The layers where a stage starts, first stage excluded."""

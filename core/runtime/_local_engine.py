@@ -89,7 +89,7 @@ class LocalEngine:
                     raise StageError(f"{runner.describe()}, {ins}: {err}") from err
                 kind = timeline_kind(ins.role) if ins.op == "run" else ins.op
                 events.append(TimelineEvent(c.plan.submesh_of(ins.stage), ins.microbatch, kind, start - t0,
-                                            time.perf_counter() - t0, ins.stage // c.plan.num_submeshes))
+                                            time.perf_counter() - t0, c.plan.chunk_of(ins.stage)))
         outs = collect_outputs(c, leaves, lambda stage, name: self.runners[stage].result(name), inputs)
         for r in self.runners:
             r.reset()

@@ -308,7 +308,7 @@ class RayEngine:
                 start, end = result
                 kind = timeline_kind(ins.role) if ins.op == "run" else ins.op
                 events.append(TimelineEvent(c.plan.submesh_of(ins.stage), ins.microbatch, kind, start - t0, end - t0,
-                                            ins.stage // c.plan.num_submeshes))
+                                            c.plan.chunk_of(ins.stage)))
         outs = []
         index = {name: i for i, name in enumerate(c.graph.inputs)}
         for name in c.graph.outputs:
