@@ -27,6 +27,8 @@ from alpaviz.core.graph import check_number
 # Matmul sides the rate curve measures, the peak being the largest's: on this machine's CPU devices a
 # 512-cube matmul reaches about half the rate of a 1024-cube one, and the models' operators are smaller.
 RATE_SIZES = (128, 256, 512, 1024)
+# The size whose busy-device speedup prices work of unknown size (a stage not priced by operator).
+SPEEDUP_SIZE = 512
 CACHE_DIR = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "alpaviz"
 
 
@@ -46,10 +48,14 @@ class Calibration:
     launch_s: float = 0.0  # one launch of a tiny program over all devices
     # (FLOPs of one matmul per device, its rate over the largest's): small operators run below the peak
     rate_curve: tuple[tuple[float, float], ...] = ()
+    # (FLOPs of one matmul per device, busy_speedup measured at that size): small operators gain less
+    busy_speedup_by_size: tuple[tuple[float, tuple[float, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "busy_speedup", tuple(float(x) for x in self.busy_speedup))
         object.__setattr__(self, "rate_curve", tuple((float(f), float(r)) for f, r in self.rate_curve))
+        object.__setattr__(self, "busy_speedup_by_size", tuple(
+            (float(f), tuple(float(x) for x in row)) for f, row in self.busy_speedup_by_size))
 
     def describe(self) -> str:
         """The figures in a few lines, as `python -m alpaviz calibrate` prints them."""
@@ -64,6 +70,8 @@ class Calibration:
             f"  speedup with b busy      {curve or 'not measured'}",
             "  rate by matmul size      "
             + (", ".join(f"{f / 1e6:.3g} MFLOP: {r:.2f}" for f, r in self.rate_curve) or "not measured"),
+            *(f"  speedup at {f / 1e6:.3g} MFLOP  " + ", ".join(f"{b}: {x:.2f}x" for b, x in enumerate(row, start=1))
+              for f, row in self.busy_speedup_by_size),
         ))
 
 
@@ -89,10 +97,12 @@ def calibrate(cache_dir: pathlib.Path | str | None = CACHE_DIR, refresh: bool = 
     curve = tuple((2.0 * n ** 3, rate / flops) for n, rate in rates.items())
     bandwidth = _memory_bandwidth(mesh)
     alpha, beta = _all_reduce(mesh)
-    speedup = _busy_speedup(devices, rates[512])  # each busy count's 512-cube rate over all busy's
+    # each busy count's rate over all busy's, at every size: small operators gain less from idle cores
+    by_size = tuple((2.0 * n ** 3, _busy_speedup(devices, rate, n)) for n, rate in rates.items())
+    speedup = dict(by_size)[2.0 * SPEEDUP_SIZE ** 3]
     launch = _launch_s(mesh)
     result = Calibration(devices[0].platform, len(devices), flops, bandwidth, alpha, beta,
-                         time.perf_counter() - started, speedup, launch, curve)
+                         time.perf_counter() - started, speedup, launch, curve, by_size)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(dataclasses.asdict(result)))
@@ -100,7 +110,7 @@ def calibrate(cache_dir: pathlib.Path | str | None = CACHE_DIR, refresh: bool = 
 
 
 def _machine_key(devices) -> str:
-    text = f"v4|{platform.node()}|{os.cpu_count()}|{jax.__version__}|{devices[0].platform}|{len(devices)}"
+    text = f"v5|{platform.node()}|{os.cpu_count()}|{jax.__version__}|{devices[0].platform}|{len(devices)}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -124,20 +134,24 @@ def _matmul_flops(mesh: Mesh, n: int = 512) -> float:
     return check_number("measured matmul FLOP/s", 2 * n ** 3 / seconds, positive=True)
 
 
-def _busy_speedup(devices, all_busy_flops: float) -> tuple[float, ...]:
-    """Each device's matmul rate with only the first b devices busy, over the all-busy rate, for
-    b = 1..len(devices): measured at 1, 2, 4, ... and at every device, interpolated between."""
+def _busy_speedup(devices, all_busy_flops: float, n: int) -> tuple[float, ...]:
+    """Each device's n-cube matmul rate with only the first b devices busy, over the all-busy rate,
+    for b = 1..len(devices): measured at 1, 2, 4, ... and at every device, interpolated between."""
     d = len(devices)
     measured = {d: 1.0}
     b = 1
     while b < d:
-        measured[b] = _matmul_flops(Mesh(np.asarray(devices[:b]), ("d",))) / all_busy_flops
+        measured[b] = _matmul_flops(Mesh(np.asarray(devices[:b]), ("d",)), n) / all_busy_flops
         b *= 2
     counts = sorted(measured)
     # Interpolate the time per unit of work (1 / speedup), which grows linearly with the busy
     # devices when they share the cores evenly.
     slowdown = [1.0 / measured[c] for c in counts]
-    return tuple(float(1.0 / np.interp(b, counts, slowdown)) for b in range(1, d + 1))
+    speedup = [float(1.0 / np.interp(b, counts, slowdown)) for b in range(1, d + 1)]
+    # Fewer busy devices never run slower than more: a reading below the next count's is noise.
+    for b in range(d - 2, -1, -1):
+        speedup[b] = max(speedup[b], speedup[b + 1])
+    return tuple(speedup)
 
 
 def _launch_s(mesh: Mesh) -> float:

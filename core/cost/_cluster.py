@@ -163,6 +163,9 @@ class Cluster:
     # devices share the host's cores, so fewer busy devices each get more; GPUs share nothing
     # of the kind: () means 1.0 at every b.
     busy_speedup: tuple[float, ...] = ()
+    # The same measured at several operator sizes, as (FLOPs of one matmul per device, speedups):
+    # small operators gain less from the idle cores (their fixed costs shrink less).  () when unmeasured.
+    busy_speedup_by_size: tuple[tuple[float, tuple[float, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         check_int("Cluster.num_hosts", self.num_hosts)
@@ -179,12 +182,29 @@ class Cluster:
             )
         for b, factor in enumerate(self.busy_speedup, start=1):
             check_number(f"Cluster.busy_speedup[{b - 1}] (with {b} busy devices)", factor, positive=True)
+        by_size = tuple((float(f), tuple(float(x) for x in row)) for f, row in self.busy_speedup_by_size)
+        object.__setattr__(self, "busy_speedup_by_size", by_size)
+        for flops, row in by_size:
+            check_number("Cluster.busy_speedup_by_size FLOPs", flops, positive=True)
+            if len(row) != self.devices_per_host or not all(x > 0 for x in row):
+                raise ValueError(
+                    f"Cluster.busy_speedup_by_size at {flops:.4g} FLOPs needs one positive speedup per number "
+                    f"of busy devices (1..{self.devices_per_host}), got {row}"
+                )
+        if any(a[0] >= b[0] for a, b in zip(by_size, by_size[1:])):
+            raise ValueError(f"Cluster.busy_speedup_by_size must list increasing FLOPs, got {[f for f, _ in by_size]}")
 
-    def speedup(self, busy_devices: int) -> float:
-        """The rate of each busy device of a host with `busy_devices` of them busy, over its all-busy rate."""
+    def speedup(self, busy_devices: int, flops: float | None = None) -> float:
+        """The rate of each busy device of a host with `busy_devices` of them busy, over its all-busy rate,
+        for work that runs like one matmul of `flops` per device (None: `busy_speedup`'s size); between
+        measured sizes interpolated in log FLOPs, flat past the ends."""
         if not self.busy_speedup or busy_devices < 1:
             return 1.0
-        return self.busy_speedup[min(busy_devices, self.devices_per_host) - 1]
+        b = min(busy_devices, self.devices_per_host) - 1
+        if flops is None or flops <= 0 or not self.busy_speedup_by_size:
+            return self.busy_speedup[b]
+        sizes = [math.log(f) for f, _ in self.busy_speedup_by_size]
+        return float(np.interp(math.log(flops), sizes, [row[b] for _, row in self.busy_speedup_by_size]))
 
     @property
     def num_devices(self) -> int:
@@ -260,13 +280,14 @@ class Cluster:
         """
         devices = jax.local_devices()
         bandwidth, name = 2e10, f"local {len(devices)}x{devices[0].platform}"
-        speedup, launch_s, curve = (), 0.0, ()
+        speedup, launch_s, curve, by_size = (), 0.0, (), ()
         if calibrate:
             cal = measure(CACHE_DIR if cache_dir is None else cache_dir)
             peak_flops, bandwidth = cal.matmul_flops, cal.memory_bandwidth
             if math.isfinite(cal.collective_bandwidth):
                 link = Link(alpha_s=cal.collective_alpha_s, bandwidth_bytes_per_s=cal.collective_bandwidth)
             speedup, launch_s, curve = cal.busy_speedup, cal.launch_s, cal.rate_curve
+            by_size = cal.busy_speedup_by_size
             name += " (calibrated)"
         return cls(
             num_hosts=jax.process_count(),
@@ -277,6 +298,7 @@ class Cluster:
             inter_host=link,
             name=name,
             busy_speedup=speedup,
+            busy_speedup_by_size=by_size,
         )
 
     @classmethod

@@ -4,15 +4,21 @@ The stage costs are priced at the rate a device gets with every device of its
 host busy (that is how the local devices are calibrated).  While a step runs,
 fewer may be busy: virtual CPU devices then share the host's cores among
 fewer and each runs faster (`Cluster.busy_speedup`); GPUs share nothing of
-the kind, so their speedup is 1.  Transfers that cross the same host's
+the kind, so their speedup is 1.  Small operators gain less from idle cores
+than large ones (their fixed costs shrink less), so each stage's speedup is
+read at the size of matmul that runs at the stage's own priced rate
+(`Cluster.busy_speedup_by_size`).  Transfers that cross the same host's
 network link at once, in the same direction, split its bandwidth.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
-from alpaviz.core.cost import Cluster
+import numpy as np
+
+from alpaviz.core.cost import Cluster, DeviceSpec
 
 LinkId = tuple[str, int]
 
@@ -23,10 +29,12 @@ class SharedHardware:
 
     cluster: Cluster
     stage_hosts: tuple[tuple[tuple[int, int], ...], ...]
+    # per stage, the FLOPs of the matmul whose rate its work runs at (None: unknown, `busy_speedup`'s size)
+    stage_flops: tuple[float | None, ...] = ()
 
     @classmethod
-    def of(cls, cluster: Cluster, stage_device_ids) -> "SharedHardware":
-        """From each stage's global device ids."""
+    def of(cls, cluster: Cluster, stage_device_ids, stage_flops=()) -> "SharedHardware":
+        """From each stage's global device ids (and, optionally, each stage's matmul-equivalent size)."""
         per_host = cluster.devices_per_host
         stage_hosts = []
         for ids in stage_device_ids:
@@ -34,12 +42,19 @@ class SharedHardware:
             for d in ids:
                 counts[d // per_host] = counts.get(d // per_host, 0) + 1
             stage_hosts.append(tuple(sorted(counts.items())))
-        return cls(cluster, tuple(stage_hosts))
+        return cls(cluster, tuple(stage_hosts), tuple(stage_flops))
 
     @classmethod
     def of_plan(cls, plan) -> "SharedHardware":
-        """The plan's stages on the plan's cluster."""
-        return cls.of(plan.cluster, [s.device_ids for s in plan.stages])
+        """The plan's stages on the plan's cluster, each at the size its priced layers run like."""
+        rate = plan.cluster.device.peak_flops * plan.cost_model.compute_efficiency
+        sizes = []
+        for stage in plan.stages:
+            layers = [plan.layers[i] for i in stage.layers]
+            flops = sum(layer.flops for layer in layers) / len(stage.device_ids)
+            seconds = sum(layer.compute_s for layer in layers)
+            sizes.append(matmul_equivalent(plan.cluster.device, flops / (seconds * rate)) if seconds > 0 else None)
+        return cls.of(plan.cluster, [s.device_ids for s in plan.stages], sizes)
 
     @property
     def launch_s(self) -> float:
@@ -53,7 +68,8 @@ class SharedHardware:
 
     def speedup(self, stage: int, busy_by_host: dict[int, int]) -> float:
         """The rate of `stage`'s work, over its priced rate, with `busy_by_host` devices busy on each host."""
-        return min(self.cluster.speedup(busy_by_host.get(h, 0)) for h, _ in self.stage_hosts[stage])
+        flops = self.stage_flops[stage] if self.stage_flops else None
+        return min(self.cluster.speedup(busy_by_host.get(h, 0), flops) for h, _ in self.stage_hosts[stage])
 
     def links(self, src: int, dst: int) -> tuple[LinkId, ...]:
         """The shared links a transfer from stage `src` to stage `dst` occupies: across hosts, the
@@ -63,3 +79,13 @@ class SharedHardware:
         if src_host == dst_host:
             return ()
         return (("out", src_host), ("in", dst_host))
+
+
+def matmul_equivalent(device: DeviceSpec, share: float) -> float | None:
+    """The FLOPs of the matmul that runs at `share` of the peak on `device` (its `rate_curve` read
+    backwards; past the curve's ends, its end sizes), or None without a curve."""
+    curve = device.rate_curve
+    if not curve:
+        return None
+    shares = np.maximum.accumulate([r for _, r in curve])  # a measured dip must not make it ambiguous
+    return float(math.exp(np.interp(share, shares, [math.log(f) for f, _ in curve])))

@@ -62,6 +62,38 @@ def test_calibration_measures_how_the_devices_share_the_host(shared_cache):
     assert av.Cluster.local().speedup(1) == 1.0  # nominal clusters share nothing
 
 
+def test_calibration_measures_the_speedup_at_every_matmul_size(shared_cache):
+    measured = calibrate(cache_dir=shared_cache)
+    sizes = [f for f, _ in measured.busy_speedup_by_size]
+    assert sizes == [f for f, _ in measured.rate_curve]  # the rate curve's sizes
+    for _, row in measured.busy_speedup_by_size:
+        assert len(row) == 8 and row[-1] == 1.0
+        assert all(a >= b for a, b in zip(row, row[1:]))  # fewer busy devices never run slower
+    assert measured.busy_speedup == dict(measured.busy_speedup_by_size)[2.0 * 512 ** 3]
+    cluster = av.Cluster.local(calibrate=True, cache_dir=shared_cache)
+    assert cluster.busy_speedup_by_size == measured.busy_speedup_by_size
+    smallest, largest = measured.busy_speedup_by_size[0], measured.busy_speedup_by_size[-1]
+    assert cluster.speedup(1, smallest[0]) == pytest.approx(smallest[1][0])
+    assert cluster.speedup(1, largest[0] * 10) == pytest.approx(largest[1][0])  # flat past the end
+    assert "speedup at 4.19 MFLOP" in measured.describe()
+
+
+def test_the_speedup_is_interpolated_between_sizes_and_checked():
+    base = av.Cluster.local()
+    cluster = av.Cluster(1, 2, base.device, base.intra_host, base.inter_host, busy_speedup=(3.0, 1.0),
+                         busy_speedup_by_size=((1e6, (2.0, 1.0)), (1e8, (4.0, 1.0))))
+    assert cluster.speedup(1, 1e7) == pytest.approx(3.0)  # halfway in log FLOPs
+    assert cluster.speedup(1) == 3.0 and cluster.speedup(2, 1e7) == 1.0
+    assert av.Plan.from_json(av.solve(*av.models.gpt(num_layers=1, hidden=32, seq_len=4, vocab=32, batch_size=4),
+                                      cluster=cluster, progress=False).to_json()).cluster == cluster
+    with pytest.raises(ValueError, match="one positive speedup per number of busy devices"):
+        av.Cluster(1, 2, base.device, base.intra_host, base.inter_host, busy_speedup=(3.0, 1.0),
+                   busy_speedup_by_size=((1e6, (2.0,)),))
+    with pytest.raises(ValueError, match="increasing FLOPs"):
+        av.Cluster(1, 2, base.device, base.intra_host, base.inter_host, busy_speedup=(3.0, 1.0),
+                   busy_speedup_by_size=((1e8, (2.0, 1.0)), (1e6, (2.0, 1.0))))
+
+
 def test_a_speedup_curve_of_the_wrong_length_is_refused():
     with pytest.raises(ValueError, match="one entry per number of busy devices"):
         av.Cluster(1, 4, av.Cluster.local().device, av.Cluster.local().intra_host,

@@ -6,14 +6,16 @@ import pytest
 
 import alpaviz as av
 from alpaviz.core.plan._instructions import Edge, Instruction, build_instructions
-from alpaviz.core.plan._shared_hardware import SharedHardware
+from alpaviz.core.plan._shared_hardware import SharedHardware, matmul_equivalent
 from alpaviz.core.plan._simulate import simulate
 
 
-def _cluster(num_hosts: int, per_host: int, speedup=(), launch_s: float = 0.0) -> av.Cluster:
+def _cluster(num_hosts: int, per_host: int, speedup=(), launch_s: float = 0.0, by_size=(),
+             rate_curve=()) -> av.Cluster:
     base = av.Cluster.local()
-    device = dataclasses.replace(base.device, launch_s=launch_s)
-    return av.Cluster(num_hosts, per_host, device, base.intra_host, base.inter_host, busy_speedup=speedup)
+    device = dataclasses.replace(base.device, launch_s=launch_s, rate_curve=rate_curve)
+    return av.Cluster(num_hosts, per_host, device, base.intra_host, base.inter_host, busy_speedup=speedup,
+                      busy_speedup_by_size=by_size)
 
 
 def _run(stage: int, role: str = "forward") -> Instruction:
@@ -46,6 +48,38 @@ def test_a_pipeline_with_idle_stages_gives_the_busy_stage_the_cores():
     run_s = {(s, role): t for s in range(4) for role, t in (("forward", 1.0), ("backward", 2.0))}
     assert _end(program, run_s) == pytest.approx(12.0)  # priced at the all-busy rate
     assert _end(program, run_s, shared=shared) == pytest.approx(3.0)  # each task runs alone, 4x faster
+
+
+def test_a_stage_of_small_operators_gains_less_from_the_idle_cores():
+    # alone on the host, work the size of a 1 MFLOP matmul runs 2x, of a 100 MFLOP one 4x
+    cluster = _cluster(1, 2, speedup=(4.0, 1.0), by_size=((1e6, (2.0, 1.0)), (1e8, (4.0, 1.0))))
+    alone = ((_run(0),), ())
+    for flops, expected in ((1e6, 0.5), (1e8, 0.25), (1e7, 1 / 3), (1e4, 0.5), (None, 0.25)):
+        shared = SharedHardware.of(cluster, [(0,), (1,)], (flops, flops))
+        assert _end(alone, {(0, "forward"): 1.0}, shared=shared) == pytest.approx(expected)
+    # both busy: the priced (all-busy) rate whatever the size
+    both = ((_run(0),), (_run(1),))
+    shared = SharedHardware.of(cluster, [(0,), (1,)], (1e6, 1e8))
+    assert _end(both, {(0, "forward"): 1.0, (1, "forward"): 1.0}, shared=shared) == pytest.approx(1.0)
+
+
+def test_a_plans_stages_run_like_the_matmul_of_their_priced_rate():
+    # the rate curve read backwards: a stage priced at 60% of the peak runs like a 1e7-FLOP matmul here
+    cluster = _cluster(1, 8, speedup=(8.0,) + (1.0,) * 7, rate_curve=((1e6, 0.2), (1e8, 1.0)),
+                       by_size=((1e6, (2.0,) + (1.0,) * 7), (1e8, (8.0,) + (1.0,) * 7)))
+    assert matmul_equivalent(cluster.device, 0.6) == pytest.approx(1e7)
+    assert matmul_equivalent(cluster.device, 0.05) == pytest.approx(1e6)  # past the ends: the end sizes
+    assert matmul_equivalent(cluster.device, 2.0) == pytest.approx(1e8)
+    assert matmul_equivalent(_cluster(1, 2).device, 0.5) is None  # no curve: size unknown
+    step, params, batch = av.models.gpt(num_layers=2, hidden=64, seq_len=8, vocab=64, batch_size=8)
+    plan = av.solve(step, params, batch, cluster=cluster, progress=False,
+                    pins=av.Pins(num_stages=2, stage_submeshes=((0, (1, 4)), (1, (1, 4)))))
+    shared = SharedHardware.of_plan(plan)
+    rate = cluster.device.peak_flops * plan.cost_model.compute_efficiency
+    for stage, flops in zip(plan.stages, shared.stage_flops):
+        layers = [plan.layers[i] for i in stage.layers]
+        achieved = sum(la.flops for la in layers) / 4 / sum(la.compute_s for la in layers) / rate
+        assert cluster.device.rate_share(flops) == pytest.approx(min(max(achieved, 0.2), 1.0), rel=1e-6)
 
 
 def test_a_link_shared_by_two_transfers_halves_each():
