@@ -61,8 +61,9 @@ def single_device_cluster():
 
     local = av.Cluster.local(calibrate=True)
     one_busy = local.busy_speedup[:1]  # the curve's one-busy-device point, if it has one
+    by_size = tuple((flops, row[:1]) for flops, row in local.busy_speedup_by_size)
     return dataclasses.replace(local, num_hosts=1, devices_per_host=1, busy_speedup=one_busy,
-                               name=f"{local.name}, one device")
+                               busy_speedup_by_size=by_size, name=f"{local.name}, one device")
 
 
 def block_times(cluster, hidden: int, heads: int, seq: int, batch: int, dtype, repeats: int) -> dict[str, float]:

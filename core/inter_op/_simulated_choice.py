@@ -20,7 +20,9 @@ def work_bound_s(setup: SolveSetup, proposal: StageSolution, num_microbatches: i
     """A lower bound on the simulated step of `proposal`: its busiest submesh's compute (all its chunks'
     under interleaved 1F1B, which run one after another) at the fastest rate."""
     table = setup.table
-    fastest_rate = max(setup.cluster.busy_speedup, default=1.0)
+    cluster = setup.cluster
+    fastest_rate = max((*cluster.busy_speedup, *(x for _, row in cluster.busy_speedup_by_size for x in row)),
+                       default=1.0)
     meshes = len(proposal.stages) // proposal.chunks
     work = [0.0] * meshes
     for j, s in enumerate(proposal.stages):
