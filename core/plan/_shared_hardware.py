@@ -14,11 +14,12 @@ network link at once, in the same direction, split its bandwidth.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
 
-from alpaviz.core.cost import Cluster, DeviceSpec
+from alpaviz.core.cost import Cluster, CostModelProtocol, DeviceSpec
 
 LinkId = tuple[str, int]
 
@@ -47,13 +48,12 @@ class SharedHardware:
     @classmethod
     def of_plan(cls, plan) -> "SharedHardware":
         """The plan's stages on the plan's cluster, each at the size its priced layers run like."""
-        rate = plan.cluster.device.peak_flops * plan.cost_model.compute_efficiency
-        sizes = []
+        device, sizes = plan.cluster.device, []
         for stage in plan.stages:
             layers = [plan.layers[i] for i in stage.layers]
             flops = sum(layer.flops for layer in layers) / len(stage.device_ids)
             seconds = sum(layer.compute_s for layer in layers)
-            sizes.append(matmul_equivalent(plan.cluster.device, flops / (seconds * rate)) if seconds > 0 else None)
+            sizes.append(matmul_equivalent(device, plan.cost_model, flops / seconds) if seconds > 0 else None)
         return cls.of(plan.cluster, [s.device_ids for s in plan.stages], sizes)
 
     @property
@@ -68,8 +68,15 @@ class SharedHardware:
 
     def speedup(self, stage: int, busy_by_host: dict[int, int]) -> float:
         """The rate of `stage`'s work, over its priced rate, with `busy_by_host` devices busy on each host."""
-        flops = self.stage_flops[stage] if self.stage_flops else None
-        return min(self.cluster.speedup(busy_by_host.get(h, 0), flops) for h, _ in self.stage_hosts[stage])
+        row, most = self._stage_speedups[stage], self.cluster.devices_per_host
+        return min(row[min(busy_by_host.get(h, 0), most)] for h, _ in self.stage_hosts[stage])
+
+    @functools.cached_property
+    def _stage_speedups(self) -> tuple[tuple[float, ...], ...]:
+        """[stage][busy devices 0..devices_per_host]: read at every simulated event, so interpolated once."""
+        flops = self.stage_flops or (None,) * len(self.stage_hosts)
+        return tuple(tuple(self.cluster.speedup(b, f) for b in range(self.cluster.devices_per_host + 1))
+                     for f in flops)
 
     def links(self, src: int, dst: int) -> tuple[LinkId, ...]:
         """The shared links a transfer from stage `src` to stage `dst` occupies: across hosts, the
@@ -81,11 +88,12 @@ class SharedHardware:
         return (("out", src_host), ("in", dst_host))
 
 
-def matmul_equivalent(device: DeviceSpec, share: float) -> float | None:
-    """The FLOPs of the matmul that runs at `share` of the peak on `device` (its `rate_curve` read
-    backwards; past the curve's ends, its end sizes), or None without a curve."""
-    curve = device.rate_curve
-    if not curve:
+def matmul_equivalent(device: DeviceSpec, cost_model: CostModelProtocol, flops_per_s: float) -> float | None:
+    """The FLOPs of the matmul `cost_model` prices at `flops_per_s` on `device`: the rate curve read
+    backwards, at the curve's sizes (past its ends, its end sizes); None without a curve."""
+    sizes = [f for f, _ in device.rate_curve]
+    if not sizes:
         return None
-    shares = np.maximum.accumulate([r for _, r in curve])  # a measured dip must not make it ambiguous
-    return float(math.exp(np.interp(share, shares, [math.log(f) for f, _ in curve])))
+    # a measured dip in the curve must not make the answer ambiguous
+    rates = np.maximum.accumulate([f / cost_model.compute_time(f, 0.0, device) for f in sizes])
+    return float(math.exp(np.interp(flops_per_s, rates, np.log(sizes))))

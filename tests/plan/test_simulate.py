@@ -67,10 +67,13 @@ def test_a_plans_stages_run_like_the_matmul_of_their_priced_rate():
     # the rate curve read backwards: a stage priced at 60% of the peak runs like a 1e7-FLOP matmul here
     cluster = _cluster(1, 8, speedup=(8.0,) + (1.0,) * 7, rate_curve=((1e6, 0.2), (1e8, 1.0)),
                        by_size=((1e6, (2.0,) + (1.0,) * 7), (1e8, (8.0,) + (1.0,) * 7)))
-    assert matmul_equivalent(cluster.device, 0.6) == pytest.approx(1e7)
-    assert matmul_equivalent(cluster.device, 0.05) == pytest.approx(1e6)  # past the ends: the end sizes
-    assert matmul_equivalent(cluster.device, 2.0) == pytest.approx(1e8)
-    assert matmul_equivalent(_cluster(1, 2).device, 0.5) is None  # no curve: size unknown
+    exact, peak = av.CostModel(compute_efficiency=1.0), cluster.device.peak_flops
+    assert matmul_equivalent(cluster.device, exact, 0.6 * peak) == pytest.approx(1e7)
+    assert matmul_equivalent(cluster.device, exact, 0.05 * peak) == pytest.approx(1e6)  # past the ends: end sizes
+    assert matmul_equivalent(cluster.device, exact, 2.0 * peak) == pytest.approx(1e8)
+    # the cost model's own efficiency is part of the rate it prices: at half, 0.3 of the peak is 0.6 of its rate
+    assert matmul_equivalent(cluster.device, av.CostModel(compute_efficiency=0.5), 0.3 * peak) == pytest.approx(1e7)
+    assert matmul_equivalent(_cluster(1, 2).device, exact, 0.5 * peak) is None  # no curve: size unknown
     step, params, batch = av.models.gpt(num_layers=2, hidden=64, seq_len=8, vocab=64, batch_size=8)
     plan = av.solve(step, params, batch, cluster=cluster, progress=False,
                     pins=av.Pins(num_stages=2, stage_submeshes=((0, (1, 4)), (1, (1, 4)))))
