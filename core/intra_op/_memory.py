@@ -114,8 +114,16 @@ def memory_rows(graph: OpGraph, simp: Simplified, kept: KeptTensors, mesh: Logic
     in-place loop over donated buffers).
     """
     num_options = [g.num_options for g in simp.groups]
+    known: dict[tuple[str, bool], tuple[int, list[float]]] = {}
 
     def sizes(t: str, unreduced: bool) -> tuple[int, list[float]]:
+        """The group deciding `t` and its per-device bytes under each option (read-only: shared)."""
+        found = known.get((t, unreduced))
+        if found is None:
+            found = known[t, unreduced] = measure(t, unreduced)
+        return found
+
+    def measure(t: str, unreduced: bool) -> tuple[int, list[float]]:
         g = simp.group_of_tensor[t]
         info = graph.tensor(t)
         out = [shard_bytes(info, spec, mesh) for spec in simp.tensor_specs[t]]

@@ -74,16 +74,32 @@ class ReshardingPrices:
         self._by_size: dict[float, dict] = {}
         self._tables: dict[tuple, np.ndarray] = {}
 
-    def __call__(self, tensor: str, src: Spec | None, dst: Spec | None) -> float:
+    def _memo(self, tensor: str) -> tuple[float, dict]:
+        """The tensor's bytes and the memo of its size's prices."""
         found = self._by_tensor.get(tensor)
         if found is None:
             nbytes = tensor_bytes(self._graph.tensor(tensor))
             found = self._by_tensor[tensor] = (nbytes, self._by_size.setdefault(nbytes, {}))
-        nbytes, memo = found
+        return found
+
+    def __call__(self, tensor: str, src: Spec | None, dst: Spec | None) -> float:
+        nbytes, memo = self._memo(tensor)
         cost = memo.get((src, dst))
         if cost is None:
             cost = memo[src, dst] = resharding_cost(nbytes, src, dst, self._mesh, self._model)
         return cost
+
+    def pairs(self, tensor: str, sources: Sequence[Spec | None], targets: Sequence[Spec | None]) -> list[float]:
+        """`self(tensor, s, d)` for each (s, d) of `zip(sources, targets)`, in one call (assembly asks for a
+        group's every option at once)."""
+        nbytes, memo = self._memo(tensor)
+        out = []
+        for pair in zip(sources, targets):
+            cost = memo.get(pair)
+            if cost is None:
+                cost = memo[pair] = resharding_cost(nbytes, pair[0], pair[1], self._mesh, self._model)
+            out.append(cost)
+        return out
 
     def table(self, tensor: str, sources: Sequence[Spec], targets: Sequence[Spec]) -> np.ndarray:
         """The [source, target] costs of `tensor`; the same specs on a tensor of the same size are priced once

@@ -256,13 +256,13 @@ def _solve_highs(problem: IlpProblem, allowed: list[tuple[int, ...]], time_limit
         if len(options) > 1:
             for k in options:
                 x[g, k] = program.column(binary=True)
-            program.row(_affine([(x[g, k], 1.0) for k in options]), 1.0, 1.0)
+            program.row(({x[g, k]: 1.0 for k in options}, 0.0), 1.0, 1.0)
 
     def indicator(g: int, options: Sequence[int]) -> _Affine:
         """1 when group g picks one of `options` (a constant when g is fixed)."""
         if len(allowed[g]) == 1:
             return {}, 1.0 if allowed[g][0] in options else 0.0
-        return _affine([(x[g, k], 1.0) for k in options if (g, k) in x])
+        return {x[g, k]: 1.0 for k in options if (g, k) in x}, 0.0  # options are distinct: no sums
 
     mem = problem.memory or tuple((0.0,) * len(u) for u in problem.unary)
     # The memory rows of the assignment, in megabytes (coefficients near the costs' scale).
@@ -335,9 +335,9 @@ def _cost_objective(problem: IlpProblem, allowed: list[tuple[int, ...]], x: Mapp
         # Joint distribution over class pairs with both marginals: a tight LP relaxation.
         e = [program.columns([cost * _SCALE for cost in row]) for row in costs]
         for row, ka in zip(e, a_classes.values()):
-            program.row(_minus(_affine([(col, 1.0) for col in row]), indicator(p.a, ka)), 0.0, 0.0)
+            program.row(_minus((dict.fromkeys(row, 1.0), 0.0), indicator(p.a, ka)), 0.0, 0.0)
         for j, kb in enumerate(b_classes.values()):
-            program.row(_minus(_affine([(row[j], 1.0) for row in e]), indicator(p.b, kb)), 0.0, 0.0)
+            program.row(_minus((dict.fromkeys([row[j] for row in e], 1.0), 0.0), indicator(p.b, kb)), 0.0, 0.0)
     program.offset += constant * _SCALE
 
 

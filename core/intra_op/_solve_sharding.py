@@ -208,15 +208,25 @@ class StepWeights:
         self.graph = graph
         self.num_microbatches = num_microbatches
         self.deferred = gradient_producers(graph, nodes) if num_microbatches > 1 else frozenset()
+        self._factors: dict[str, tuple[int, int]] = {}  # assembly asks per option: look each node up once
+
+    def factors(self, node: str) -> tuple[int, int]:
+        """(how often its compute counts, how often its communication counts) in one step."""
+        found = self._factors.get(node)
+        if found is None:
+            compute = 1 if self.graph.node(node).role == "update" else self.num_microbatches
+            found = self._factors[node] = (compute, 1 if node in self.deferred else compute)
+        return found
 
     def compute(self, node: str) -> int:
-        return 1 if self.graph.node(node).role == "update" else self.num_microbatches
+        return self.factors(node)[0]
 
     def communication(self, node: str) -> int:
-        return 1 if node in self.deferred else self.compute(node)
+        return self.factors(node)[1]
 
     def strategy(self, node: str, strategy: Strategy) -> float:
-        return self.compute(node) * strategy.compute_s + self.communication(node) * strategy.communication_s
+        compute, communication = self.factors(node)
+        return compute * strategy.compute_s + communication * strategy.communication_s
 
 
 def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: CostModelProtocol,
@@ -230,17 +240,19 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
             continue
         g = simp.group_of_node[name]
         node, strategies, picks = graph.node(name), simp.strategies[name], simp.choice[name]
-        per_read = weights.compute(name)
+        per_read, per_message = weights.factors(name)
+        row = unary[g]
         for k, j in enumerate(picks):
-            unary[g][k] += weights.strategy(name, strategies[j])
+            row[k] += per_read * strategies[j].compute_s + per_message * strategies[j].communication_s
         for i, raw in enumerate(node.inputs):
             t = simp.resolve(raw)
             if simp.is_free(graph, t):
                 continue
             h = simp.group_of_tensor[t]
             if h == g:
-                for k, j in enumerate(picks):
-                    unary[g][k] += per_read * reshard(t, simp.tensor_specs[t][k], strategies[j].in_specs[i])
+                needs = [strategies[j].in_specs[i] for j in picks]
+                for k, cost in enumerate(reshard.pairs(t, simp.tensor_specs[t], needs)):
+                    row[k] += per_read * cost
             else:
                 edges.setdefault((t, g), []).append((name, i))
     by_groups: dict[tuple[int, int], list[tuple[str, list[tuple[str, int]]]]] = {}
