@@ -240,10 +240,10 @@ def _assemble(graph: OpGraph, simp: Simplified, mesh: LogicalMesh, cost_model: C
             continue
         g = simp.group_of_node[name]
         node, strategies, picks = graph.node(name), simp.strategies[name], simp.choice[name]
-        per_read, per_message = weights.factors(name)
+        per_read = weights.compute(name)
         row = unary[g]
         for k, j in enumerate(picks):
-            row[k] += per_read * strategies[j].compute_s + per_message * strategies[j].communication_s
+            row[k] += weights.strategy(name, strategies[j])
         for i, raw in enumerate(node.inputs):
             t = simp.resolve(raw)
             if simp.is_free(graph, t):
